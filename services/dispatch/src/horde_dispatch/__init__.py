@@ -1,0 +1,1 @@
+"""horde_dispatch."""
