@@ -1,0 +1,144 @@
+"""FastAPI app factory: the Horde error envelope, ``/healthz``, ``/readyz`` and ``/metrics`` on every process.
+
+A service builds its app with :func:`create_app`, mounts its native routers with :func:`include_native`
+(served at ``/api/v2/...``, the upstream AI Horde path existing clients and workers use, and at ``/v2/...``,
+the spec's path), and registers readiness checks on ``app.state.readiness_checks`` from its lifespan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from horde_core.errors import HordeError
+
+log = logging.getLogger(__name__)
+
+ReadinessCheck = Callable[[], Awaitable[object]]
+Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
+
+READINESS_TIMEOUT_SECONDS = 2.0
+
+
+def validation_message(exc: RequestValidationError) -> str:
+    """One line naming the first failing field, e.g. ``"Input payload validation failed: body.max_tokens: ..."``."""
+    errors = exc.errors()
+    if not errors:
+        return "Input payload validation failed"
+    first = errors[0]
+    loc = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
+    return f"Input payload validation failed: {loc or 'body'}: {first.get('msg', 'invalid value')}"
+
+
+def _contract_error_response(exc: Exception) -> JSONResponse:
+    body = exc.to_body()  # type: ignore[attr-defined]
+    return JSONResponse(status_code=exc.status, content=body)  # type: ignore[attr-defined]
+
+
+def install_horde_error_handlers(app: FastAPI) -> None:
+    """Map every error to ``{"message", "rc"}`` with the spec's status (foundation issue, item 5)."""
+
+    @app.exception_handler(HordeError)
+    async def _horde_error(_: Request, exc: HordeError) -> JSONResponse:
+        return JSONResponse(status_code=exc.status, content=exc.to_body())
+
+    try:
+        from horde_contract import ChatContractError
+    except ImportError:  # pragma: no cover - the contract lib is always installed in this workspace
+        pass
+    else:
+
+        @app.exception_handler(ChatContractError)
+        async def _contract_error(_: Request, exc: Exception) -> JSONResponse:
+            return _contract_error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(status_code=400, content={"message": validation_message(exc), "rc": "BadRequest"})
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        rc = {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "BadRequest")
+        return JSONResponse(status_code=exc.status_code, content={"message": str(exc.detail), "rc": rc})
+
+    @app.exception_handler(Exception)
+    async def _unhandled(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error", exc_info=exc)
+        return JSONResponse(status_code=500, content={"message": "Internal Server Error", "rc": "InternalServerError"})
+
+
+def include_native(app: FastAPI, router: APIRouter) -> None:
+    """Serve ``router`` (whose paths start with ``/v2``) at ``/api/v2/...`` and at ``/v2/...``."""
+    app.include_router(router, prefix="/api")
+    app.include_router(router, include_in_schema=False)
+
+
+async def run_readiness(checks: Mapping[str, ReadinessCheck]) -> tuple[bool, dict[str, str]]:
+    """Run each check with a timeout; returns ``(all_ok, {name: "ok" | error text})``."""
+    results: dict[str, str] = {}
+
+    async def one(name: str, check: ReadinessCheck) -> None:
+        try:
+            await asyncio.wait_for(check(), READINESS_TIMEOUT_SECONDS)
+            results[name] = "ok"
+        except Exception as exc:  # readiness reports every failure, whatever its type
+            results[name] = f"{type(exc).__name__}: {exc}"[:200]
+
+    await asyncio.gather(*(one(n, c) for n, c in checks.items()))
+    return all(v == "ok" for v in results.values()), results
+
+
+def create_app(
+    service: str,
+    *,
+    title: str | None = None,
+    version: str = "0.1.0",
+    lifespan: Lifespan | None = None,
+    horde_errors: bool = True,
+    **fastapi_kwargs: Any,
+) -> FastAPI:
+    """Build a FastAPI app for ``service`` with health, readiness and metrics routes.
+
+    - ``GET /healthz``: 200 ``{"status": "ok", "service": ...}`` while the process runs.
+    - ``GET /readyz``: 200 when every check in ``app.state.readiness_checks`` passes within 2 s, else 503
+      with each check's result.
+    - ``GET /metrics``: the Prometheus text exposition of the default registry.
+
+    ``horde_errors`` installs the Horde envelope handlers; the OpenAI front passes False and installs its own.
+    """
+    app = FastAPI(title=title or f"Horde Chat {service}", version=version, lifespan=lifespan, **fastapi_kwargs)
+    app.state.service = service
+    app.state.readiness_checks = {}
+    if horde_errors:
+        install_horde_error_handlers(app)
+
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok", "service": service}
+
+    @app.get("/readyz", include_in_schema=False)
+    async def readyz() -> JSONResponse:
+        ok, results = await run_readiness(app.state.readiness_checks)
+        return JSONResponse(
+            status_code=200 if ok else 503,
+            content={"status": "ready" if ok else "unready", "service": service, "checks": results},
+        )
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+async def noop_lifespan(_: FastAPI) -> AsyncIterator[None]:  # pragma: no cover - trivial
+    yield

@@ -1,0 +1,112 @@
+"""The app factory's health, readiness, metrics routes and the Horde error envelope."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from fastapi import APIRouter
+from pydantic import BaseModel
+
+from horde_core.app import create_app, include_native
+from horde_core.errors import HordeError
+from horde_core.metrics import counter
+
+
+class Body(BaseModel):
+    max_tokens: int
+
+
+def build_app():
+    app = create_app("test")
+    router = APIRouter()
+
+    @router.post("/v2/echo")
+    async def echo(body: Body) -> dict[str, int]:
+        return {"max_tokens": body.max_tokens}
+
+    @router.get("/v2/refuse")
+    async def refuse() -> None:
+        raise HordeError(403, "NoEligibleWorker", "No worker is currently serving the model 'x'.", extra_key=1)
+
+    @router.get("/v2/boom")
+    async def boom() -> None:
+        raise RuntimeError("kaput")
+
+    include_native(app, router)
+    return app
+
+
+@pytest.fixture
+async def client():
+    transport = httpx.ASGITransport(app=build_app(), raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+        yield c
+
+
+async def test_healthz(client: httpx.AsyncClient) -> None:
+    r = await client.get("/healthz")
+    assert r.status_code == 200
+    assert r.json() == {"status": "ok", "service": "test"}
+
+
+async def test_readyz_reports_each_check() -> None:
+    app = build_app()
+
+    async def ok() -> None:
+        return None
+
+    async def down() -> None:
+        raise ConnectionError("refused")
+
+    app.state.readiness_checks = {"postgres": ok}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+        r = await c.get("/readyz")
+        assert r.status_code == 200
+        assert r.json()["checks"] == {"postgres": "ok"}
+        app.state.readiness_checks = {"postgres": ok, "redis": down}
+        r = await c.get("/readyz")
+        assert r.status_code == 503
+        assert r.json()["checks"]["redis"] == "ConnectionError: refused"
+
+
+async def test_metrics_exposes_spec_named_counter(client: httpx.AsyncClient) -> None:
+    faults = counter("horde.test.core_faults", "test counter", ["horde.reason"])
+    faults.labels(reason="none").inc()
+    r = await client.get("/metrics")
+    assert r.status_code == 200
+    assert 'horde_test_core_faults_total{reason="none"} 1.0' in r.text
+    assert counter("horde.test.core_faults", "again", ["horde.reason"]) is faults
+
+
+@pytest.mark.parametrize("prefix", ["/api", ""])
+async def test_native_router_at_both_prefixes(client: httpx.AsyncClient, prefix: str) -> None:
+    r = await client.post(f"{prefix}/v2/echo", json={"max_tokens": 5})
+    assert r.status_code == 200
+    assert r.json() == {"max_tokens": 5}
+
+
+async def test_validation_error_is_bad_request_naming_the_field(client: httpx.AsyncClient) -> None:
+    r = await client.post("/api/v2/echo", json={"max_tokens": "many"})
+    assert r.status_code == 400
+    body = r.json()
+    assert body["rc"] == "BadRequest"
+    assert body["message"].startswith("Input payload validation failed: max_tokens:")
+
+
+async def test_horde_error_envelope(client: httpx.AsyncClient) -> None:
+    r = await client.get("/v2/refuse")
+    assert r.status_code == 403
+    assert r.json() == {
+        "message": "No worker is currently serving the model 'x'.",
+        "rc": "NoEligibleWorker",
+        "extra_key": 1,
+    }
+
+
+async def test_unknown_route_and_unhandled_error(client: httpx.AsyncClient) -> None:
+    r = await client.get("/v2/nowhere")
+    assert r.status_code == 404
+    assert r.json() == {"message": "Not Found", "rc": "NotFound"}
+    r = await client.get("/v2/boom")
+    assert r.status_code == 500
+    assert r.json() == {"message": "Internal Server Error", "rc": "InternalServerError"}
