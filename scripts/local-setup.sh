@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Creates (once) a demo client and a worker owner, waits for every service to be healthy, prints how to
+# use the stack, then stays up (honcho stops the whole stack when any process exits).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+admin() { uv run --no-sync horde-admin "$@"; }
+[ -s .local/demo-user.json ] || admin user create --username demo --kudos 5000 > .local/demo-user.json
+[ -s .local/worker-user.json ] || admin user create --username worker-owner --kudos 0 --trusted > .local/worker-user.json
+key() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["api_key"])' "$1"; }
+DEMO_KEY=$(key .local/demo-user.json)
+printf 'export HORDE_WORKER_API_KEY=%s\n' "$(key .local/worker-user.json)" > .local/worker.env
+touch .local/ready
+for port in 7101 7102 7103 7104 7002; do
+  for _ in $(seq 1 300); do curl -fsS "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && break; sleep 0.2; done
+done
+cat <<MSG
+
+  Horde Chat is up.
+    OpenAI-compatible front   http://127.0.0.1:7002/v1      (docs: http://127.0.0.1:7002/docs)
+    native admission          http://127.0.0.1:7101/api/v2  (chat/text async, status, models)
+    worker pop                http://127.0.0.1:7102/api/v2/generate/text/pop
+    worker submit             http://127.0.0.1:7103/api/v2/generate/text/submit
+    janitor                   http://127.0.0.1:7104/metrics
+  Demo API key: $DEMO_KEY
+
+  curl http://127.0.0.1:7002/v1/chat/completions \\
+    -H "Authorization: Bearer $DEMO_KEY" -H "Content-Type: application/json" \\
+    -d '{"model": "scripted/echo", "messages": [{"role": "user", "content": "Hello, horde!"}]}'
+
+  python -c 'from openai import OpenAI; c = OpenAI(base_url="http://127.0.0.1:7002/v1", api_key="$DEMO_KEY"); print(c.chat.completions.create(model="scripted/echo", messages=[{"role": "user", "content": "Hello, horde!"}]).choices[0].message.content)'
+
+MSG
+exec sleep infinity

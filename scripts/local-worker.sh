@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The reference worker of the local stack: the scripted backend unless HORDE_WORKER_BACKEND says otherwise.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# shellcheck disable=SC1091
+source .local/worker.env
+export HORDE_WORKER_DISPATCH_URL=${HORDE_WORKER_DISPATCH_URL:-http://127.0.0.1:7102}
+export HORDE_WORKER_SUBMIT_URL=${HORDE_WORKER_SUBMIT_URL:-http://127.0.0.1:7103}
+export HORDE_WORKER_NAME=${HORDE_WORKER_NAME:-local-reference-worker}
+export HORDE_WORKER_BACKEND=${HORDE_WORKER_BACKEND:-scripted}
+if [ "$HORDE_WORKER_BACKEND" = scripted ]; then export HORDE_WORKER_MODELS=${HORDE_WORKER_MODELS:-scripted/echo}; fi
+exec uv run --no-sync horde-worker

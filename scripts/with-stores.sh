@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Waits for the local stores (and, with --ready, for the demo users) before exec'ing the command, so the
+# Procfile's processes start in order. Sources .local/stores.env for the HORDE_* store URLs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+wait_for=.local/stores.env
+if [ "${1:-}" = "--ready" ]; then wait_for=.local/ready; shift; fi
+for _ in $(seq 1 600); do [ -f "$wait_for" ] && break; sleep 0.2; done
+[ -f "$wait_for" ] || { echo "timed out waiting for $wait_for" >&2; exit 1; }
+# shellcheck disable=SC1091
+source .local/stores.env
+exec "$@"
