@@ -1,0 +1,203 @@
+"""Return codes and the one exception every contract refusal raises.
+
+Spec: chat-requests.md (every section that names an ``rc``), chat-front.md *Value and contract validation*.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Any
+
+
+class RC(StrEnum):
+    """Every ``rc`` string the chat routes (and the text routes they share) return."""
+
+    # Request validation and admission (POST /v2/generate/chat/async, text async)
+    BadRequest = "BadRequest"
+    UnsupportedChatParameter = "UnsupportedChatParameter"
+    ChatRequestConflict = "ChatRequestConflict"
+    UnknownChatModel = "UnknownChatModel"
+    NoEligibleWorker = "NoEligibleWorker"
+    ChatAdmissionDisabled = "ChatAdmissionDisabled"
+    RequestTooLarge = "RequestTooLarge"
+    OperationKeyConflict = "OperationKeyConflict"
+    ChatKudosCapExceeded = "ChatKudosCapExceeded"
+    PromptExceedsContext = "PromptExceedsContext"
+    KudosUpfront = "KudosUpfront"
+    SharedKeyInsufficientKudos = "SharedKeyInsufficientKudos"
+    TooManyPrompts = "TooManyPrompts"
+    MaintenanceMode = "MaintenanceMode"
+    InvalidAPIKey = "InvalidAPIKey"
+    WrongCredentials = "WrongCredentials"
+    DeletedUser = "DeletedUser"
+    TimeoutIP = "TimeoutIP"
+    CorruptPrompt = "CorruptPrompt"
+    MissingPrompt = "MissingPrompt"
+    NulByteInPayload = "NulByteInPayload"
+    WorkerNotFound = "WorkerNotFound"
+    OnlyServiceAccountProxy = "OnlyServiceAccountProxy"
+    RequiresTrust = "RequiresTrust"
+    # Upstream's rc really ends with a dot.
+    InvalidExtraSourceImages = "InvalidExtraSourceImages."
+    # Text params cross-field checks (validate_text_params)
+    TokenOverflow = "TokenOverflow"
+    MissingFullSamplerOrder = "MissingFullSamplerOrder"
+    TooManyStopSequences = "TooManyStopSequences"
+    ExcessiveStopSequence = "ExcessiveStopSequence"
+    # Images
+    TooManyExtraSourceImages = "TooManyExtraSourceImages"
+    SourceImageSizeExceeded = "SourceImageSizeExceeded"
+    SourceImageResolutionExceeded = "SourceImageResolutionExceeded"
+    SourceImageUnreadable = "SourceImageUnreadable"
+    SourceImageUrlRefused = "SourceImageUrlRefused"
+    SourceImageUrlInvalid = "SourceImageUrlInvalid"
+    ChatImageStorageUnavailable = "ChatImageStorageUnavailable"
+    # Status and cancel
+    RequestNotFound = "RequestNotFound"
+    # Pop
+    ChatDeclarationInvalid = "ChatDeclarationInvalid"
+    AnonForbiddenWorker = "AnonForbiddenWorker"
+    WorkerFlaggedMaintenance = "WorkerFlaggedMaintenance"
+    WorkerMaintenance = "WorkerMaintenance"
+    InvalidPriorityUsername = "InvalidPriorityUsername"
+    # Submit
+    ChatSubmitInvalid = "ChatSubmitInvalid"
+    ChatSubmitNonconformant = "ChatSubmitNonconformant"
+    ChatModelMismatch = "ChatModelMismatch"
+    ChatWorkerFault = "ChatWorkerFault"
+    AbortedGen = "AbortedGen"
+    DuplicateGen = "DuplicateGen"
+    InvalidJobID = "InvalidJobID"
+    # Progress
+    ChatJobAborted = "ChatJobAborted"
+    ChatProgressNotStreaming = "ChatProgressNotStreaming"
+    ChatProgressOutOfSequence = "ChatProgressOutOfSequence"
+    ChatProgressCapReached = "ChatProgressCapReached"
+    ChatProgressUnavailable = "ChatProgressUnavailable"
+
+
+# The front reads the request path a native message starts with (UnknownChatModel, tool history, ...).
+NATIVE_REQUEST_PATH_PATTERN = re.compile(r"^'(?P<path>[^']+)'")
+
+
+class ChatContractError(Exception):
+    """A refusal by a contract rule.
+
+    Attributes: ``status`` (HTTP status), ``rc`` (an :class:`RC` value), ``message`` (the native message;
+    where the spec says so it starts with the quoted request path), ``param`` (the request path such as
+    ``messages[2].tool_calls`` or ``horde.only``, or None), ``extra`` (keys added to the native body, such
+    as ``expected_seq`` or ``impossible_reason``) and ``openai_message`` (the message without the path
+    prefix, which the front sends beside ``param``).
+    """
+
+    __slots__ = ("extra", "message", "openai_message", "param", "rc", "status")
+
+    def __init__(
+        self,
+        status: int,
+        rc: str,
+        message: str,
+        param: str | None = None,
+        extra: dict[str, Any] | None = None,
+        *,
+        openai_message: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.rc = str(rc)
+        self.message = message
+        self.param = param
+        self.extra = extra or {}
+        self.openai_message = openai_message if openai_message is not None else message
+
+    def to_body(self) -> dict[str, Any]:
+        """The native error body: ``{"message", "rc", **extra}``."""
+        return {"message": self.message, "rc": self.rc, **self.extra}
+
+    def __repr__(self) -> str:
+        return f"ChatContractError({self.status}, {self.rc!r}, {self.message!r}, param={self.param!r})"
+
+
+def path_error(
+    status: int, rc: str, path: str, text: str, extra: dict[str, Any] | None = None
+) -> ChatContractError:
+    """A refusal whose message is ``'<path>': <text>``; ``openai_message`` is ``text`` alone."""
+    return ChatContractError(status, rc, f"'{path}': {text}", path, extra, openai_message=text)
+
+
+def bad_request(path: str, text: str) -> ChatContractError:
+    """400 BadRequest at ``path`` (a value of the wrong type or outside its documented values)."""
+    return path_error(400, RC.BadRequest, path, text)
+
+
+def unsupported(path: str, text: str | None = None) -> ChatContractError:
+    """400 UnsupportedChatParameter at ``path``; the message holds the path."""
+    return path_error(
+        400, RC.UnsupportedChatParameter, path, text or "this parameter is not supported on chat requests."
+    )
+
+
+def unsupported_value(path: str, value: Any) -> ChatContractError:
+    """400 UnsupportedChatParameter for a refused value; the message holds ``path=value``."""
+    shown = value if isinstance(value, str) else repr(value)
+    return ChatContractError(
+        400,
+        RC.UnsupportedChatParameter,
+        f"'{path}={shown}': this value is not supported on chat requests.",
+        path,
+        openai_message=f"Unsupported value: '{path}' does not support {value!r} on the Horde.",
+    )
+
+
+def conflict(path: str, text: str, *, prefix: bool = True) -> ChatContractError:
+    """400 ChatRequestConflict at ``path``; OpenAI's own messages are sent unprefixed."""
+    if prefix:
+        return path_error(400, RC.ChatRequestConflict, path, text)
+    return ChatContractError(400, RC.ChatRequestConflict, text, path)
+
+
+def _refuse_json_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def load_json_body(raw: bytes | str, *, refuse_nul: bool = True) -> object:
+    """Parse a request body as JSON, refusing NaN, Infinity and -Infinity.
+
+    Raises 400 BadRequest when the body is not JSON or holds one of those constants. With ``refuse_nul``, a
+    NUL character anywhere (raw or escaped as ``\\u0000``) raises 400 NulByteInPayload, as upstream does,
+    since PostgreSQL cannot store it in text or JSONB. Spec: chat-front.md *Request keys*;
+    ai-horde-text-path.md §1 (error bodies).
+    """
+    import json
+
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    except UnicodeDecodeError:
+        raise ChatContractError(400, RC.BadRequest, "The request body is not UTF-8 JSON.", None) from None
+    nul = ChatContractError(400, RC.NulByteInPayload, "The request body contains a NUL character.", None)
+    if refuse_nul and "\x00" in text:
+        raise nul
+    try:
+        value = json.loads(text, parse_constant=_refuse_json_constant)
+    except (ValueError, RecursionError):
+        raise ChatContractError(400, RC.BadRequest, "The request body is not valid JSON.", None) from None
+    # The escaped form is rare; only then walk the parsed value (an escaped backslash is no NUL).
+    if refuse_nul and "\\u0000" in text and _holds_nul(value):
+        raise nul
+    return value
+
+
+def _holds_nul(value: object) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False

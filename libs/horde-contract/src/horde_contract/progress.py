@@ -1,0 +1,152 @@
+"""Progress posts and the job lease as pure rules.
+
+Spec: chat-requests.md *Streaming progress* (body, refusals, caps) and *Job lease* (renewal, caps, the
+speed gate).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import RC, ChatContractError
+from .limits import (
+    CHAT_PROGRESS_BYTES_PER_TOKEN,
+    TEXT_JOB_LEASE_SECONDS,
+    TEXT_JOB_PREPARATION_SECONDS,
+    TRUSTED_TEXT_JOB_LEASE_CAP_SECONDS,
+    UNMEASURED_TEXT_WORKER_TOKENS_PER_SECOND,
+    UNTRUSTED_TEXT_JOB_LEASE_CAP_SECONDS,
+)
+
+
+def _utf8_len(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+@dataclass(frozen=True, slots=True)
+class ChatProgress:
+    """A progress post: generation ``id``, ``seq`` (1, 2, ...), the delta's ``content`` and optional
+    ``reasoning_content``; ``delta_bytes`` is their UTF-8 size, which counts toward the byte cap."""
+
+    id: str
+    seq: int
+    content: str
+    reasoning_content: str | None = None
+
+    @property
+    def delta_bytes(self) -> int:
+        """UTF-8 bytes of content and reasoning together."""
+        return _utf8_len(self.content) + _utf8_len(self.reasoning_content or "")
+
+
+def _bad(param: str, text: str) -> ChatContractError:
+    return ChatContractError(400, RC.BadRequest, f"'{param}': {text}", param, openai_message=text)
+
+
+def parse_progress_body(body: Any) -> ChatProgress:
+    """Validate ``POST /v2/generate/text/progress``: ``{id, seq, delta: {content, reasoning_content?}}``.
+
+    Raises 400 BadRequest for a wrong type, a seq below 1, and a delta whose content and reasoning_content
+    are both empty or absent. Spec: chat-requests.md *Streaming progress*.
+    """
+    if not isinstance(body, dict):
+        raise ChatContractError(400, RC.BadRequest, "The progress body has to be a JSON object.", None)
+    job_id = body.get("id")
+    if not isinstance(job_id, str) or not job_id:
+        raise _bad("id", "has to be the generation id (a string).")
+    seq = body.get("seq")
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
+        raise _bad("seq", "has to be an integer from 1.")
+    delta = body.get("delta")
+    if not isinstance(delta, dict):
+        raise _bad("delta", "has to be an object with content.")
+    content = delta.get("content")
+    reasoning = delta.get("reasoning_content")
+    if content is not None and not isinstance(content, str):
+        raise _bad("delta.content", "has to be a string.")
+    if reasoning is not None and not isinstance(reasoning, str):
+        raise _bad("delta.reasoning_content", "has to be a string.")
+    if not content and not reasoning:
+        raise _bad("delta", "the delta carries neither content nor reasoning_content.")
+    return ChatProgress(id=job_id, seq=seq, content=content or "", reasoning_content=reasoning or None)
+
+
+def progress_byte_cap(max_length: int) -> int:
+    """The bytes a generation may post: CHAT_PROGRESS_BYTES_PER_TOKEN (16) per max_length token."""
+    return CHAT_PROGRESS_BYTES_PER_TOKEN * max_length
+
+
+def progress_out_of_sequence_error(expected_seq: int) -> ChatContractError:
+    """409 ChatProgressOutOfSequence; the body adds ``expected_seq``."""
+    return ChatContractError(
+        409,
+        RC.ChatProgressOutOfSequence,
+        f"seq is not the next one, or repeats the last one with other content; expected {expected_seq}.",
+        "seq",
+        {"expected_seq": expected_seq},
+    )
+
+
+def progress_cap_reached_error() -> ChatContractError:
+    """413 ChatProgressCapReached: stop posting, still submit."""
+    return ChatContractError(
+        413,
+        RC.ChatProgressCapReached,
+        "The generation reached its progress entry or byte cap. Stop posting; still submit the reply.",
+        None,
+    )
+
+
+def progress_not_streaming_error() -> ChatContractError:
+    """404 ChatProgressNotStreaming: no lease, stored and not faulted. Stop posting; still submit."""
+    return ChatContractError(
+        404,
+        RC.ChatProgressNotStreaming,
+        "The generation is not streaming progress (not streamed, already submitted or past its lease). "
+        "Stop posting; still submit the reply.",
+        None,
+    )
+
+
+def chat_job_aborted_error() -> ChatContractError:
+    """404 ChatJobAborted: no lease and faulted or not stored. Stop generating; do not submit."""
+    return ChatContractError(
+        404,
+        RC.ChatJobAborted,
+        "The job was aborted (its lease lapsed, or its request was cancelled or expired). Stop generating; "
+        "do not submit.",
+        None,
+    )
+
+
+def progress_unavailable_error() -> ChatContractError:
+    """503 ChatProgressUnavailable: Redis could not be reached."""
+    return ChatContractError(503, RC.ChatProgressUnavailable, "Progress cannot be recorded right now.", None)
+
+
+def text_job_lease_cap(*, trusted: bool) -> int:
+    """Seconds from the pop a job's lease may reach: 600 for a trusted owner, 200 otherwise."""
+    return TRUSTED_TEXT_JOB_LEASE_CAP_SECONDS if trusted else UNTRUSTED_TEXT_JOB_LEASE_CAP_SECONDS
+
+
+def renewed_job_ttl(*, started: float, now: float, current_ttl: int, trusted: bool) -> int:
+    """The job_ttl (seconds from ``started``, the pop) after an appended post at ``now``: the lease ends
+    TEXT_JOB_LEASE_SECONDS after the post, rounded up to whole seconds, never before it ended already and
+    never past the owner's cap. Spec: chat-requests.md *Job lease*.
+    """
+    wanted = math.ceil(now - started + TEXT_JOB_LEASE_SECONDS)
+    return max(current_ttl, min(wanted, text_job_lease_cap(trusted=trusted)))
+
+
+def lease_capacity_tokens(speed: float | None) -> float:
+    """The max_length a worker finishes inside the base lease after the preparation allowance:
+    speed * (150 - 30), with an unmeasured (None or 0) speed counted as 10 tokens per second."""
+    tokens_per_second = speed if speed else UNMEASURED_TEXT_WORKER_TOKENS_PER_SECOND
+    return tokens_per_second * (TEXT_JOB_LEASE_SECONDS - TEXT_JOB_PREPARATION_SECONDS)
+
+
+def passes_speed_gate(max_length: int, speed: float | None) -> bool:
+    """Whether the pop may offer a chat job of ``max_length`` tokens to a worker of ``speed`` tokens/s."""
+    return lease_capacity_tokens(speed) >= max_length

@@ -1,0 +1,179 @@
+"""Builders for the refusals the services raise around the contract, so each message is written in one place.
+
+Spec: chat-requests.md *Routes* (413 RequestTooLarge, 503 ChatAdmissionDisabled), *Operation key*,
+*Images* (per-image and total caps, fetch refusals, storage), *Request body* (horde.max_kudos),
+*Structured submit* (ChatModelMismatch), *Refusal record* (MAX_CHAT_FAULT_REASON_LENGTH),
+*Context adjustments* (entries); chat-front.md *Kudos cap* (KUDOS_CAP_EXCESS_PATTERN).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from .errors import RC, ChatContractError, path_error
+from .limits import (
+    MAX_CHAT_BODY_BYTES,
+    MAX_CHAT_FAULT_REASON_LENGTH,
+    MAX_CHAT_IMAGE_BYTES,
+    MAX_CHAT_IMAGE_COUNT,
+    MAX_CHAT_IMAGE_PIXELS,
+    MAX_CHAT_IMAGE_TOTAL_BYTES,
+    MAX_CHAT_IMAGE_TOTAL_BYTES_UNTRUSTED,
+)
+from .vocab import ChatContextAdjustmentReason
+
+# The front reads both numbers back from the native message (chat-front.md *Kudos cap*).
+KUDOS_CAP_EXCESS_PATTERN = re.compile(
+    r"kudos estimate at current pricing is (?P<kudos_estimate>\d+), above its horde\.max_kudos of (?P<max_kudos>\d+)\."
+)
+
+
+def request_too_large_error() -> ChatContractError:
+    """413 RequestTooLarge: the body is above MAX_CHAT_BODY_BYTES (checked before parsing)."""
+    return ChatContractError(
+        413, RC.RequestTooLarge, f"The request body is larger than {MAX_CHAT_BODY_BYTES} bytes.", None
+    )
+
+
+def chat_admission_disabled_error() -> ChatContractError:
+    """503 ChatAdmissionDisabled: HORDE_CHAT_ADMISSION_ENABLED is false."""
+    return ChatContractError(
+        503, RC.ChatAdmissionDisabled, "This horde is not accepting new chat requests at the moment.", None
+    )
+
+
+def operation_key_conflict_error() -> ChatContractError:
+    """400 OperationKeyConflict: the operation key was claimed by a request with another fingerprint."""
+    return ChatContractError(
+        400,
+        RC.OperationKeyConflict,
+        "'horde.operation_key': this key already identifies a different request.",
+        "horde.operation_key",
+        openai_message="This operation key already identifies a different request.",
+    )
+
+
+def kudos_cap_exceeded_error(estimate: float, cap: int) -> ChatContractError:
+    """400 ChatKudosCapExceeded: the kudos estimate (rounded up) is above horde.max_kudos; the message
+    matches KUDOS_CAP_EXCESS_PATTERN."""
+    return ChatContractError(
+        400,
+        RC.ChatKudosCapExceeded,
+        f"The request's kudos estimate at current pricing is {math.ceil(estimate)}, above its horde.max_kudos of "
+        f"{cap}. The estimate assumes the full max_tokens is generated.",
+        "horde.max_kudos",
+    )
+
+
+def too_many_images_error(count: int) -> ChatContractError:
+    """400 TooManyExtraSourceImages: more than MAX_CHAT_IMAGE_COUNT image parts."""
+    return path_error(
+        400,
+        RC.TooManyExtraSourceImages,
+        "messages",
+        f"the request carries {count} images; at most {MAX_CHAT_IMAGE_COUNT} are allowed.",
+    )
+
+
+def source_image_size_error(path: str, size: int) -> ChatContractError:
+    """400 SourceImageSizeExceeded for one image over MAX_CHAT_IMAGE_BYTES (decoded or fetched bytes)."""
+    return path_error(
+        400,
+        RC.SourceImageSizeExceeded,
+        path,
+        f"the image takes {size} bytes; at most {MAX_CHAT_IMAGE_BYTES} are allowed.",
+    )
+
+
+def source_image_total_error(total: int, cap: int, *, encoded: bool = False) -> ChatContractError:
+    """400 SourceImageSizeExceeded for the images' total; the message states the total reached and the cap
+    (``encoded``: the stored JPEGs passed it). Spec: chat-requests.md *Images*.
+    """
+    what = "The request's images encode to" if encoded else "The request's images total"
+    return ChatContractError(
+        400,
+        RC.SourceImageSizeExceeded,
+        f"{what} {total} bytes, above the cap of {cap} bytes.",
+        "messages",
+    )
+
+
+def chat_image_total_cap(*, trusted: bool) -> int:
+    """The user's image total cap: 25 MiB for trusted users and patrons, 5 MiB for anyone else."""
+    return MAX_CHAT_IMAGE_TOTAL_BYTES if trusted else MAX_CHAT_IMAGE_TOTAL_BYTES_UNTRUSTED
+
+
+def check_image_total(total: int, *, trusted: bool, encoded: bool = False) -> None:
+    """Raise :func:`source_image_total_error` when ``total`` bytes pass the user's cap."""
+    cap = chat_image_total_cap(trusted=trusted)
+    if total > cap:
+        raise source_image_total_error(total, cap, encoded=encoded)
+
+
+def source_image_resolution_error(path: str, width: int, height: int) -> ChatContractError:
+    """400 SourceImageResolutionExceeded: more than MAX_CHAT_IMAGE_PIXELS, read from the header."""
+    return path_error(
+        400,
+        RC.SourceImageResolutionExceeded,
+        path,
+        f"the image is {width}x{height} pixels; at most {MAX_CHAT_IMAGE_PIXELS} pixels (3072x3072) are allowed.",
+    )
+
+
+def source_image_unreadable_error(path: str) -> ChatContractError:
+    """400 SourceImageUnreadable: the bytes are not a readable image."""
+    return path_error(400, RC.SourceImageUnreadable, path, "the image cannot be read.")
+
+
+def source_image_url_refused_error(path: str) -> ChatContractError:
+    """400 SourceImageUrlRefused: the URL (or a redirect) resolves to an address the Horde does not fetch."""
+    return path_error(
+        400,
+        RC.SourceImageUrlRefused,
+        path,
+        "the image URL resolves to an address the Horde does not fetch from, or redirects too often.",
+    )
+
+
+def source_image_url_invalid_error(path: str, status: int | None = None) -> ChatContractError:
+    """400 SourceImageUrlInvalid: the URL did not answer 200."""
+    answer = f"HTTP {status}" if status is not None else "no usable answer"
+    return path_error(400, RC.SourceImageUrlInvalid, path, f"the image URL answered with {answer}.")
+
+
+def chat_image_storage_unavailable_error() -> ChatContractError:
+    """503 ChatImageStorageUnavailable: storing the images or messages failed; nothing was charged."""
+    return ChatContractError(
+        503,
+        RC.ChatImageStorageUnavailable,
+        "The request's images could not be stored; try again later. Nothing was charged.",
+        None,
+    )
+
+
+def chat_model_mismatch_error(model_id: str, assigned: str | None) -> ChatContractError:
+    """400 ChatModelMismatch: a submit's model_id is not the generation's assigned model."""
+    return path_error(
+        400,
+        RC.ChatModelMismatch,
+        "model_id",
+        f"the reply names the model {model_id!r}, but the job was assigned {assigned!r}.",
+    )
+
+
+def cut_fault_reason(message: str) -> str:
+    """``chat_fault_reason`` as stored: the message cut to MAX_CHAT_FAULT_REASON_LENGTH characters."""
+    return message[:MAX_CHAT_FAULT_REASON_LENGTH]
+
+
+def context_adjustment(
+    from_: int, to: int, reason: str, *, dropped_messages: int | None = None
+) -> dict[str, Any]:
+    """One ``context_adjustments`` entry: ``{"from", "to", "reason"}``, plus ``dropped_messages`` on a
+    truncate_oldest entry. ``reason`` is a :class:`ChatContextAdjustmentReason` value."""
+    entry: dict[str, Any] = {"from": from_, "to": to, "reason": ChatContextAdjustmentReason(reason).value}
+    if dropped_messages is not None:
+        entry["dropped_messages"] = dropped_messages
+    return entry

@@ -1,0 +1,471 @@
+"""Submit bodies, reply verification, the stored reply and its charge.
+
+Spec: chat-requests.md *Structured submit*, *Reasoning*, *Reply verification*, *Worker fault reasons*,
+*Pricing*; ai-horde-text-path.md §4 (the text submit body).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import RC, ChatContractError
+from .extras import forced_function_name
+from .limits import (
+    MAX_CHAT_NATIVE_FINISH_REASON_LENGTH,
+    MAX_CHAT_REPORTED_TOKENS,
+    MAX_CHAT_TEXT_BYTES,
+    MAX_CHAT_TOOL_CALL_COUNT,
+    MIN_CHARGED_TOKENS,
+)
+from .vocab import ChatConformance, ChatFinishReason, ChatSubmitState
+
+_CHAT_SUBMIT_MARKERS = ("message", "model_id", "finish_reason", "fault_reason")
+_MESSAGE_KEYS = frozenset({"role", "content", "tool_calls", "reasoning_content"})
+_CALL_KEYS = frozenset({"id", "type", "function"})
+_CALL_FUNCTION_KEYS = frozenset({"name", "arguments"})
+_COUNT_KEYS = ("prompt_tokens", "completion_tokens", "reasoning_tokens")
+_STATES = frozenset(ChatSubmitState.__members__)
+
+
+def _invalid(param: str | None, text: str) -> ChatContractError:
+    message = f"'{param}': {text}" if param else text
+    return ChatContractError(400, RC.ChatSubmitInvalid, message, param, openai_message=text)
+
+
+def _nonconformant(param: str | None, text: str) -> ChatContractError:
+    message = f"'{param}': {text}" if param else text
+    return ChatContractError(400, RC.ChatSubmitNonconformant, message, param, openai_message=text)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True, slots=True)
+class TextSubmit:
+    """A text job's submit: ``{id, generation, state, seed, gen_metadata}`` (ai-horde-text-path.md §4)."""
+
+    id: str
+    generation: str
+    state: str = ChatSubmitState.ok
+    seed: int = 0
+    gen_metadata: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class ChatSubmit:
+    """A chat job's structured submit (chat-requests.md *Structured submit*).
+
+    ``message`` is the validated reply (None on a faulted submit); ``finish_reason`` as submitted; the
+    counts are None when not reported; ``fault_reason`` is the worker's raw value (map it with
+    ``chat_worker_fault_message``), read only on a faulted submit.
+    """
+
+    id: str
+    model_id: str
+    state: str = ChatSubmitState.ok
+    message: dict[str, Any] | None = None
+    finish_reason: str | None = None
+    native_finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    fault_reason: str | None = None
+    seed: int = 0
+    gen_metadata: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def faulted(self) -> bool:
+        """Whether the worker faulted the job."""
+        return self.state == ChatSubmitState.faulted
+
+
+def _parse_common(body: Mapping[str, Any], invalid: Any) -> tuple[str, str, int, list[dict[str, Any]]]:
+    job_id = body.get("id")
+    if not isinstance(job_id, str) or not job_id:
+        raise invalid("id", "has to be the generation id (a string).")
+    state = body.get("state", ChatSubmitState.ok)
+    if state is None:
+        state = ChatSubmitState.ok
+    if not isinstance(state, str) or state not in _STATES:
+        raise invalid("state", "has to be one of ok, censored, csam, faulted.")
+    seed = body.get("seed", 0)
+    if seed is None:
+        seed = 0
+    if not _is_int(seed):
+        raise invalid("seed", "has to be an integer.")
+    metadata = body.get("gen_metadata") or []
+    if not isinstance(metadata, list) or not all(isinstance(m, dict) for m in metadata):
+        raise invalid("gen_metadata", "has to be an array of objects.")
+    return job_id, str(state), seed, metadata
+
+
+def _parse_reply_message(raw: Any) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise _invalid(
+            "message", "has to be an object {role: assistant, content, tool_calls?, reasoning_content?}."
+        )
+    for key in raw:
+        if key not in _MESSAGE_KEYS:
+            raise _invalid(f"message.{key}", "is not a key of a reply message.")
+    if raw.get("role") != "assistant":
+        raise _invalid("message.role", "has to be 'assistant'.")
+    content = raw.get("content")
+    if content is not None and not isinstance(content, str):
+        raise _invalid("message.content", "has to be a string, or null with tool_calls.")
+    out: dict[str, Any] = {"role": "assistant", "content": content}
+    calls = raw.get("tool_calls")
+    if calls is not None:
+        if not isinstance(calls, list) or not 1 <= len(calls) <= MAX_CHAT_TOOL_CALL_COUNT:
+            raise _invalid("message.tool_calls", f"has to hold 1 to {MAX_CHAT_TOOL_CALL_COUNT} tool calls.")
+        parsed = []
+        for index, call in enumerate(calls):
+            path = f"message.tool_calls[{index}]"
+            if not isinstance(call, dict) or any(key not in _CALL_KEYS for key in call):
+                raise _invalid(path, "has to be {id, type: function, function: {name, arguments}}.")
+            function = call.get("function")
+            if (
+                not isinstance(call.get("id"), str)
+                or not call["id"]
+                or call.get("type") != "function"
+                or not isinstance(function, dict)
+                or any(key not in _CALL_FUNCTION_KEYS for key in function)
+                or not isinstance(function.get("name"), str)
+                or not isinstance(function.get("arguments"), str)
+            ):
+                raise _invalid(path, "has to be {id, type: function, function: {name, arguments}}.")
+            parsed.append(
+                {
+                    "id": call["id"],
+                    "type": "function",
+                    "function": {"name": function["name"], "arguments": function["arguments"]},
+                }
+            )
+        out["tool_calls"] = parsed
+    elif content is None:
+        raise _invalid("message.content", "may be null only with tool_calls.")
+    reasoning = raw.get("reasoning_content")
+    if reasoning is not None:
+        if not isinstance(reasoning, str):
+            raise _invalid("message.reasoning_content", "has to be a string.")
+        size = len(reasoning) if reasoning.isascii() else len(reasoning.encode("utf-8", "surrogatepass"))
+        if size > MAX_CHAT_TEXT_BYTES:
+            raise _invalid(
+                "message.reasoning_content",
+                f"takes {size} bytes of UTF-8; at most {MAX_CHAT_TEXT_BYTES} are allowed.",
+            )
+        out["reasoning_content"] = reasoning
+    return out
+
+
+def parse_submit_body(body: Any) -> ChatSubmit | TextSubmit:
+    """Parse ``POST /v2/generate/text/submit``: a body carrying message, model_id, finish_reason or
+    fault_reason is a :class:`ChatSubmit`, any other a :class:`TextSubmit`.
+
+    A chat submit raises 400 ChatSubmitInvalid (param the field) for: generation beside message, a missing
+    or invalid message or finish_reason (unless faulted), a tool_calls finish without calls, a missing
+    model_id, native_finish_reason over 32 characters, counts outside 0–10,000,000, reasoning over
+    MAX_CHAT_TEXT_BYTES. A text submit without a string generation raises 400 BadRequest. The service
+    answers a text job's submit carrying message with ChatSubmitInvalid itself (it knows the job).
+    Spec: chat-requests.md *Structured submit*, *Reasoning*.
+    """
+    if not isinstance(body, dict):
+        raise ChatContractError(400, RC.BadRequest, "The submit body has to be a JSON object.", None)
+    if not any(key in body for key in _CHAT_SUBMIT_MARKERS):
+        job_id, state, seed, metadata = _parse_common(
+            body, lambda p, t: ChatContractError(400, RC.BadRequest, f"'{p}': {t}", p, openai_message=t)
+        )
+        generation = body.get("generation")
+        if not isinstance(generation, str):
+            raise ChatContractError(
+                400, RC.BadRequest, "'generation': Missing required parameter 'generation'.", "generation"
+            )
+        return TextSubmit(id=job_id, generation=generation, state=state, seed=seed, gen_metadata=metadata)
+
+    job_id, state, seed, metadata = _parse_common(body, _invalid)
+    if "message" in body and "generation" in body:
+        raise _invalid("generation", "a chat submit sends message, not generation.")
+    model_id = body.get("model_id")
+    if not isinstance(model_id, str) or not model_id:
+        raise _invalid("model_id", "has to be the assigned model (a string).")
+    fault_reason = body.get("fault_reason")
+    if fault_reason is not None and not isinstance(fault_reason, str):
+        raise _invalid("fault_reason", "has to be a string.")
+    counts: dict[str, int | None] = {}
+    for key in _COUNT_KEYS:
+        value = body.get(key)
+        if value is not None and (not _is_int(value) or not 0 <= value <= MAX_CHAT_REPORTED_TOKENS):
+            raise _invalid(key, f"has to be an integer from 0 to {MAX_CHAT_REPORTED_TOKENS}.")
+        counts[key] = value
+    native = body.get("native_finish_reason")
+    if native is not None and (
+        not isinstance(native, str) or len(native) > MAX_CHAT_NATIVE_FINISH_REASON_LENGTH
+    ):
+        raise _invalid(
+            "native_finish_reason",
+            f"has to be a string of at most {MAX_CHAT_NATIVE_FINISH_REASON_LENGTH} characters.",
+        )
+    if state == ChatSubmitState.faulted:
+        # The reply of a faulted job is discarded, so it is not checked.
+        return ChatSubmit(
+            id=job_id,
+            model_id=model_id,
+            state=state,
+            fault_reason=fault_reason,
+            seed=seed,
+            gen_metadata=metadata,
+        )
+    if "message" not in body:
+        raise _invalid("message", "a chat submit needs message.")
+    message = _parse_reply_message(body["message"])
+    finish_reason = body.get("finish_reason")
+    if not isinstance(finish_reason, str) or finish_reason not in ChatFinishReason.__members__:
+        raise _invalid("finish_reason", "has to be one of stop, length, content_filter, tool_calls.")
+    if finish_reason == ChatFinishReason.tool_calls and not message.get("tool_calls"):
+        raise _invalid("finish_reason", "tool_calls needs a non-empty message.tool_calls.")
+    return ChatSubmit(
+        id=job_id,
+        model_id=model_id,
+        state=state,
+        message=message,
+        finish_reason=finish_reason,
+        native_finish_reason=native,
+        prompt_tokens=counts["prompt_tokens"],
+        completion_tokens=counts["completion_tokens"],
+        reasoning_tokens=counts["reasoning_tokens"],
+        fault_reason=fault_reason,
+        seed=seed,
+        gen_metadata=metadata,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class VerifiedReply:
+    """A reply that passed :func:`verify_chat_reply`: ``message`` (tool calls after the single-call
+    reduction), ``finish_reason`` as stored, ``dropped_tool_calls`` (how many calls the reduction dropped).
+    """
+
+    message: dict[str, Any]
+    finish_reason: str
+    dropped_tool_calls: int = 0
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_strict_json(text: str) -> Any:
+    """Parse JSON with Python's json, refusing NaN, Infinity and -Infinity. Raises ValueError."""
+    try:
+        return json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def chat_reply_finish_reason(
+    finish_reason: str, message: Mapping[str, Any], chat_extras: Mapping[str, Any] | None
+) -> str:
+    """The stored finish reason: as submitted, except a tool_calls finish with calls under a function
+    tool_choice is stored as stop (OpenAI finishes such a choice with stop). Spec: *Reply verification*.
+    """
+    if (
+        finish_reason == ChatFinishReason.tool_calls
+        and message.get("tool_calls")
+        and forced_function_name((chat_extras or {}).get("tool_choice")) is not None
+    ):
+        return ChatFinishReason.stop.value
+    return finish_reason
+
+
+class _UncompilableSchema(Exception):
+    """The request's schema cannot be compiled (bad schema, or a reference that does not resolve)."""
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled_validator(schema_json: str) -> Any:
+    # Cached by the schema's canonical JSON: checking a schema against its metaschema costs milliseconds,
+    # and a request's replies (retries, n>1 upstream) share one schema.
+    from jsonschema import validators
+    from referencing import Registry
+
+    schema = json.loads(schema_json)
+    try:
+        cls = validators.validator_for(schema, default=validators.Draft202012Validator)
+        cls.check_schema(schema)
+        # An empty registry: references resolve only inside the schema, nothing is fetched.
+        return cls(schema, registry=Registry())
+    except Exception:
+        raise _UncompilableSchema from None
+
+
+def _check_schema(content: str, schema: Any) -> None:
+    from jsonschema import exceptions as js_exceptions
+
+    try:
+        value = parse_strict_json(content)
+    except ValueError:
+        raise _nonconformant(
+            "message.content", "The reply content is not JSON, which the response format requires."
+        ) from None
+    try:
+        validator = _compiled_validator(json.dumps(schema, sort_keys=True, separators=(",", ":")))
+        error = js_exceptions.best_match(validator.iter_errors(value))
+    except Exception:
+        # Uncompilable, or a reference that resolves only while validating.
+        raise _nonconformant(
+            "response_format",
+            "The request's response format schema cannot be compiled, so the reply cannot be shown to match it.",
+        ) from None
+    if error is not None:
+        where = "/".join(str(p) for p in error.absolute_path)
+        location = f" at '/{where}'" if where else ""
+        raise _nonconformant(
+            "message.content",
+            f"The reply content does not match the response format schema{location}: {error.message}",
+        )
+
+
+def verify_chat_reply(
+    submit: ChatSubmit | Mapping[str, Any],
+    chat_extras: Mapping[str, Any] | None,
+    conformance: str = ChatConformance.strict,
+) -> VerifiedReply:
+    """Check a reply against the request's stored ``chat_extras`` (the client's values) under its conformance.
+
+    ``submit`` is a parsed :class:`ChatSubmit` (or its message dict with ``finish_reason`` read as stop).
+    Order: the single-call reduction (strict, parallel_tool_calls false: keep the first call); then, in both
+    modes, 400 ChatSubmitInvalid for a call to a function the request's tools do not define (or any call
+    without tools) and for two calls with one id; then, under strict only, 400 ChatSubmitNonconformant for a
+    call under tool_choice none, no call under required, no call or another function under a function
+    choice, content that is not a JSON object under json_object or non-strict json_schema, and content not
+    matching a strict json_schema (validated by its ``$schema`` draft, 2020-12 otherwise, references only
+    inside the schema; an uncompilable schema refuses). A reply with empty or null content and tool calls is
+    exempt from the response format. Spec: chat-requests.md *Reply verification*.
+    """
+    if isinstance(submit, ChatSubmit):
+        if submit.message is None:
+            raise _invalid("message", "a chat submit needs message.")
+        message = dict(submit.message)
+        finish_reason = submit.finish_reason or ChatFinishReason.stop.value
+    else:
+        message = dict(submit)
+        finish_reason = ChatFinishReason.stop.value
+    extras = chat_extras or {}
+    strict = conformance == ChatConformance.strict
+    calls = list(message.get("tool_calls") or [])
+    dropped = 0
+    if strict and extras.get("parallel_tool_calls") is False and len(calls) > 1:
+        dropped = len(calls) - 1
+        calls = calls[:1]
+        message["tool_calls"] = calls
+    defined = {tool["function"]["name"] for tool in extras.get("tools") or ()}
+    seen_ids: set[str] = set()
+    for index, call in enumerate(calls):
+        name = call["function"]["name"]
+        if name not in defined:
+            raise _invalid(
+                f"message.tool_calls[{index}].function.name",
+                f"The reply calls the function '{name}', which the request does not define.",
+            )
+        if call["id"] in seen_ids:
+            raise _invalid(
+                f"message.tool_calls[{index}].id", f"The reply repeats the tool call id '{call['id']}'."
+            )
+        seen_ids.add(call["id"])
+    if strict:
+        choice = extras.get("tool_choice")
+        forced = forced_function_name(choice)
+        if choice == "none" and calls:
+            raise _nonconformant("message.tool_calls", "The reply calls a tool under tool_choice none.")
+        if choice == "required" and not calls:
+            raise _nonconformant(
+                "message.tool_calls", "The reply does not call a tool under tool_choice required."
+            )
+        if forced is not None:
+            if not calls:
+                raise _nonconformant(
+                    "message.tool_calls",
+                    f"The reply does not call the function '{forced}' the tool_choice forces.",
+                )
+            other = next((c["function"]["name"] for c in calls if c["function"]["name"] != forced), None)
+            if other is not None:
+                raise _nonconformant(
+                    "message.tool_calls",
+                    f"The reply calls '{other}' where the tool_choice forces '{forced}'.",
+                )
+        response_format = extras.get("response_format")
+        content = message.get("content")
+        exempt = not content and bool(calls)
+        if isinstance(response_format, Mapping) and not exempt:
+            kind = response_format.get("type")
+            spec = response_format.get("json_schema") if kind == "json_schema" else None
+            if kind == "json_object" or (kind == "json_schema" and not (spec or {}).get("strict")):
+                try:
+                    value = parse_strict_json(content or "")
+                except ValueError:
+                    value = None
+                if not isinstance(value, dict):
+                    raise _nonconformant(
+                        "message.content",
+                        "The reply content is not a JSON object, which the response format requires.",
+                    )
+            elif kind == "json_schema":
+                _check_schema(content or "", spec["schema"])  # type: ignore[index]
+    return VerifiedReply(
+        message=message,
+        finish_reason=chat_reply_finish_reason(finish_reason, message, extras),
+        dropped_tool_calls=dropped,
+    )
+
+
+def chat_reply_characters(message: Mapping[str, Any]) -> int:
+    """The reply's characters (Python code points): content, reasoning, and each tool call's function name
+    and arguments. Spec: chat-requests.md *Pricing*.
+    """
+    total = len(message.get("content") or "") + len(message.get("reasoning_content") or "")
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") or {}
+        total += len(function.get("name") or "") + len(function.get("arguments") or "")
+    return total
+
+
+def charged_tokens(characters: int, max_length: int) -> int:
+    """The kudos formula's token count: ceil(characters / 4), at least 20, at most ``max_length``.
+
+    Spec: chat-requests.md *Pricing*; ai-horde-text-path.md §4 T(x).
+    """
+    return min(max(math.ceil(characters / 4), MIN_CHARGED_TOKENS), max_length)
+
+
+def _replace_nul(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd") if "\x00" in value else value
+    if isinstance(value, list):
+        return [_replace_nul(v) for v in value]
+    if isinstance(value, dict):
+        return {_replace_nul(k): _replace_nul(v) for k, v in value.items()}
+    return value
+
+
+def build_stored_reply(message: Mapping[str, Any]) -> dict[str, Any]:
+    """``processing_gens.message``: role and content, tool_calls when present, reasoning_content only when
+    submitted, with NUL replaced by U+FFFD in every string. Spec: chat-requests.md *Structured submit*.
+    """
+    stored: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+    if message.get("tool_calls"):
+        stored["tool_calls"] = message["tool_calls"]
+    if message.get("reasoning_content") is not None:
+        stored["reasoning_content"] = message["reasoning_content"]
+    cleaned: dict[str, Any] = _replace_nul(stored)
+    return cleaned
+
+
+def stored_generation(message: Mapping[str, Any]) -> str:
+    """``processing_gens.generation`` of a chat reply: the content with NUL replaced, or "" when null."""
+    content = message.get("content") or ""
+    return content.replace("\x00", "\ufffd")
