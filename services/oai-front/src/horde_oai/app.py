@@ -1,0 +1,87 @@
+"""The front's FastAPI factory: routes, OpenAI error envelope, CORS, docs, and the lifespan that opens the
+native HTTP client, the signal hub and the cancel retry loop (ARCHITECTURE.md; spec: chat-front.md)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import RedirectResponse
+from horde_core.app import create_app as create_base_app
+
+from horde_oai import completions, models
+from horde_oai.cancels import CancelManager
+from horde_oai.errors import install_openai_error_handlers
+from horde_oai.horde_client import HordeClient
+from horde_oai.models import chat_entries_by_model
+from horde_oai.openapi import install_openapi
+from horde_oai.settings import OaiSettings
+from horde_oai.signals import SignalHub
+
+CHAT_ENTRIES_CACHE_SECONDS = 5.0
+
+
+def create_app(settings: OaiSettings | None = None) -> FastAPI:
+    """Build the front. The lifespan opens the native client, Redis signals and the cancel retries."""
+    settings = settings or OaiSettings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        horde = HordeClient(settings.oai_horde_url, timeout=settings.oai_native_timeout_seconds)
+        signals = SignalHub(settings.front_redis_url())
+        cancels = CancelManager(horde, settings.oai_cancel_retry_seconds)
+        app.state.horde, app.state.signals, app.state.cancels = horde, signals, cancels
+        cache: dict[str, Any] = {"at": 0.0, "entries": {}}
+
+        async def chat_entries() -> Mapping[str, Mapping[str, Any]]:
+            if time.monotonic() - cache["at"] > CHAT_ENTRIES_CACHE_SECONDS:
+                response = await horde.chat_models()
+                if response.ok:
+                    cache["entries"] = chat_entries_by_model(response.body)
+                    cache["at"] = time.monotonic()
+            entries: Mapping[str, Mapping[str, Any]] = cache["entries"]
+            return entries
+
+        app.state.chat_entries = chat_entries
+        if signals.enabled:
+            app.state.readiness_checks["redis"] = signals.ping
+        await signals.start()
+        await cancels.start()
+        try:
+            yield
+        finally:
+            await cancels.stop()
+            await signals.stop()
+            await horde.aclose()
+
+    app = create_base_app(
+        "horde-oai",
+        title="AI Horde OpenAI-compatible chat API",
+        lifespan=lifespan,
+        horde_errors=False,
+        docs_url="/docs",
+        redoc_url="/redoc",
+        openapi_url="/openapi.json",
+    )
+    app.state.settings = settings
+    install_openai_error_handlers(app)
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origins=["*"],
+        allow_methods=["*"],
+        allow_headers=["*"],
+        expose_headers=["Retry-After", "x-should-retry"],
+    )
+    app.include_router(completions.router)
+    app.include_router(models.router)
+
+    @app.get("/", include_in_schema=False)
+    async def root() -> RedirectResponse:
+        return RedirectResponse("/docs")
+
+    install_openapi(app)
+    return app

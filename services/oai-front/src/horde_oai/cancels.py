@@ -1,0 +1,102 @@
+"""Cancelling native requests, with retries (spec: chat-front.md *Cancel outcomes*).
+
+A cancel whose attempt ends failed or timed_out is retried every ``HORDE_OAI_CANCEL_RETRY_SECONDS`` until
+20 minutes after the request's submission (its native expiry), and once more during shutdown. At most
+:data:`MAX_FAILED_CANCELS` requests wait in the retry queue; the oldest are dropped first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict
+
+import httpx
+
+from horde_oai.horde_client import HordeClient
+from horde_oai.metrics import CANCELS
+
+log = logging.getLogger(__name__)
+
+HORDE_CHAT_REQUEST_EXPIRY_SECONDS = 20 * 60
+MAX_FAILED_CANCELS = 1000
+CANCEL_TIMEOUT_SECONDS = 10.0
+
+
+class CancelManager:
+    """Cancels native requests; keeps the failed ones for retry."""
+
+    def __init__(self, client: HordeClient, retry_seconds: float) -> None:
+        self.client = client
+        self.retry_seconds = retry_seconds
+        self._failed: OrderedDict[str, float] = OrderedDict()  # request id -> submitted at (unix)
+        self._task: asyncio.Task[None] | None = None
+        self._pending: set[asyncio.Task[bool]] = set()
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._retry_loop(), name="horde-oai-cancel-retry")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._pending:
+            await asyncio.gather(*self._pending, return_exceptions=True)
+        await self._retry_all()  # once more during shutdown
+
+    async def cancel(self, request_id: str, submitted_at: float) -> bool:
+        """Cancel now; True when the Horde confirmed (200) or no longer holds the request (404)."""
+        try:
+            response = await asyncio.wait_for(self.client.cancel(request_id), CANCEL_TIMEOUT_SECONDS)
+        except TimeoutError:
+            outcome = "timed_out"
+        except (httpx.HTTPError, OSError):
+            outcome = "failed"
+        else:
+            if response.ok:
+                outcome = "cancelled"
+            elif response.status == 404:
+                outcome = "not_found"
+            else:
+                outcome = "failed"
+        CANCELS.labels(outcome=outcome).inc()
+        if outcome in ("cancelled", "not_found"):
+            self._failed.pop(request_id, None)
+            return True
+        log.warning("native cancel failed", extra={"request_id": request_id, "outcome": outcome})
+        self._remember(request_id, submitted_at)
+        return False
+
+    def cancel_in_background(self, request_id: str, submitted_at: float) -> None:
+        """Cancel without waiting (a disconnected client's request); the task is kept until it ends."""
+        task = asyncio.get_running_loop().create_task(self.cancel(request_id, submitted_at))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    def _remember(self, request_id: str, submitted_at: float) -> None:
+        self._failed[request_id] = submitted_at
+        self._failed.move_to_end(request_id)
+        while len(self._failed) > MAX_FAILED_CANCELS:
+            self._failed.popitem(last=False)
+
+    async def _retry_all(self) -> None:
+        now = time.time()
+        for request_id, submitted_at in list(self._failed.items()):
+            if now - submitted_at > HORDE_CHAT_REQUEST_EXPIRY_SECONDS:
+                self._failed.pop(request_id, None)
+                continue
+            self._failed.pop(request_id, None)
+            await self.cancel(request_id, submitted_at)
+
+    async def _retry_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.retry_seconds)
+            try:
+                await self._retry_all()
+            except Exception:  # the loop must survive any failure
+                log.exception("cancel retry pass failed")

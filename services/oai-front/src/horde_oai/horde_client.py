@@ -1,0 +1,104 @@
+"""The native HTTP calls the front makes, exactly as to a public horde (ARCHITECTURE.md).
+
+Routes: ``POST /v2/generate/chat/async``, ``GET``/``DELETE /v2/generate/chat/status/{id}``,
+``GET /v2/status/models?type=text&chat=true``, under the configured base URL (``.../api``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from horde_oai.errors import OpenAIError
+
+log = logging.getLogger(__name__)
+
+CLIENT_AGENT = "horde-oai:0.1.0:https://github.com/Haidra-Org/AI-Horde"
+
+
+@dataclass(slots=True)
+class NativeResponse:
+    """A native answer: HTTP status, parsed JSON body (``{}`` when not JSON) and headers."""
+
+    status: int
+    body: Any
+    headers: httpx.Headers
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+
+def horde_unavailable(detail: str) -> OpenAIError:
+    """502 HordeUnavailable: the horde did not answer."""
+    return OpenAIError(502, f"The Horde could not be reached: {detail}", "HordeUnavailable")
+
+
+class HordeClient:
+    """A thin async client of the native chat routes. One instance per process (shared connection pool)."""
+
+    def __init__(
+        self, base_url: str, timeout: float = 30.0, transport: httpx.AsyncBaseTransport | None = None
+    ):
+        self.base_url = base_url.rstrip("/")
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url,
+            timeout=httpx.Timeout(timeout, connect=5.0),
+            headers={"Client-Agent": CLIENT_AGENT},
+            transport=transport,
+        )
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def _call(self, method: str, path: str, **kwargs: Any) -> NativeResponse:
+        response = await self._client.request(method, path, **kwargs)
+        try:
+            body = response.json()
+        except ValueError:
+            body = {}
+        return NativeResponse(response.status_code, body, response.headers)
+
+    async def submit(self, apikey: str, body: dict[str, Any], retries: int = 2) -> NativeResponse:
+        """``POST /v2/generate/chat/async``; a transport error or 5xx is retried (the operation key makes
+        it idempotent). Raises 502 HordeUnavailable when every attempt failed in transport."""
+        last_error: Exception | None = None
+        response: NativeResponse | None = None
+        for attempt in range(retries + 1):
+            if attempt:
+                await asyncio.sleep(min(0.5 * 2 ** (attempt - 1), 4.0))
+            try:
+                response = await self._call(
+                    "POST", "/v2/generate/chat/async", json=body, headers={"apikey": apikey}
+                )
+            except httpx.HTTPError as exc:
+                last_error = exc
+                log.warning("native submit failed", extra={"attempt": attempt, "error": repr(exc)})
+                continue
+            if response.status not in (500, 502, 504):
+                return response
+        if response is not None:
+            return response
+        raise horde_unavailable(type(last_error).__name__ if last_error else "no answer")
+
+    async def status(self, request_id: str) -> NativeResponse:
+        """``GET /v2/generate/chat/status/{id}``. Raises 502 HordeUnavailable on a transport error."""
+        try:
+            return await self._call("GET", f"/v2/generate/chat/status/{request_id}")
+        except httpx.HTTPError as exc:
+            raise horde_unavailable(type(exc).__name__) from exc
+
+    async def cancel(self, request_id: str) -> NativeResponse:
+        """``DELETE /v2/generate/chat/status/{id}`` (httpx errors propagate; the caller retries)."""
+        return await self._call("DELETE", f"/v2/generate/chat/status/{request_id}")
+
+    async def chat_models(self) -> NativeResponse:
+        """``GET /v2/status/models?type=text&chat=true``. Raises 502 HordeUnavailable on a transport error."""
+        try:
+            return await self._call("GET", "/v2/status/models", params={"type": "text", "chat": "true"})
+        except httpx.HTTPError as exc:
+            raise horde_unavailable(type(exc).__name__) from exc

@@ -1,0 +1,92 @@
+"""The front's instruments (spec: chat-front.md *Metrics*), Prometheus names with ``_`` for ``.``.
+
+Attributes are bounded: codes, outcome classes, stages, reasons, statuses, parameter labels and the served
+model id. Never API keys, prompts, addresses or request ids.
+"""
+
+from __future__ import annotations
+
+from horde_core.metrics import counter, histogram
+
+BUCKETS_REQUEST_LIFECYCLE_SECONDS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200)
+BUCKETS_MAX_TOKENS = (16, 64, 128, 256, 512, 768, 1024, 2048, 4096, 8192, 16384)
+
+# Outcome class by code (spec: Outcome class). A code not listed is unclassified on purpose.
+OUTCOME_CLASS_BY_CODE: dict[str, str] = {
+    "ok": "served",
+    "ChatRequestTimeout": "capacity",
+    "queue_unavailable": "capacity",
+    "FrontAtCapacity": "front_capacity",
+    "no_worker_supports_features": "unservable",
+    "no_worker_supports_limit": "unservable",
+    "model_not_found": "unservable",
+    "ChatRequestFaulted": "service_fault",
+    "ChatRequestNoGeneration": "service_fault",
+    "HordeUnavailable": "service_fault",
+    "InternalServerError": "service_fault",
+    "BadRequest": "client_error",
+    "UnsupportedChatParameter": "client_error",
+    "ChatRequestConflict": "client_error",
+    "RequestTooLarge": "client_error",
+    "RequestBodyTimeout": "client_error",
+    "max_kudos_exceeded": "client_error",
+    "PromptExceedsContext": "client_error",
+    "OperationKeyConflict": "client_error",
+    "InvalidAPIKey": "auth",
+    "invalid_api_key": "auth",
+    "KudosUpfront": "kudos",
+    "rate_limit_exceeded": "rate_limited",
+    "client_disconnected": "client_cancelled",
+}
+
+
+def outcome_class_for(code: str | None, stage: str = "") -> str:
+    """The outcome class of a finished request (``unclassified`` for a code not in the table)."""
+    if code == "no_eligible_worker":
+        return "capacity" if stage == "grace" else "unservable"
+    return OUTCOME_CLASS_BY_CODE.get(code or "", "unclassified")
+
+
+def max_tokens_bucket(limit: int) -> str:
+    """The upper bound of ``limit``'s BUCKETS_MAX_TOKENS bucket, or ``over``."""
+    for bound in BUCKETS_MAX_TOKENS:
+        if limit <= bound:
+            return str(bound)
+    return "over"
+
+
+REQUESTS_REFUSED = counter(
+    "horde.oai.requests.refused",
+    "Admission and validation refusals of the front",
+    ["horde.http_status", "horde.code", "horde.parameter", "horde.outcome_class"],
+)
+REQUESTS_ERRORS = counter(
+    "horde.oai.requests.errors",
+    "Admitted requests that ended with an error before any header",
+    [
+        "horde.http_status",
+        "horde.code",
+        "horde.reason",
+        "horde.stage",
+        "horde.max_tokens_bucket",
+        "horde.outcome_class",
+    ],
+)
+COMPLETIONS = counter(
+    "horde.oai.completions",
+    "Delivered completions",
+    ["horde.model", "horde.finish_reason", "horde.lowered", "horde.content", "horde.streamed"],
+)
+REQUEST_DURATION = histogram(
+    "horde.oai.request.duration",
+    "Seconds from the request's arrival to its end",
+    ["horde.streamed", "horde.outcome_class"],
+    buckets=BUCKETS_REQUEST_LIFECYCLE_SECONDS,
+)
+CANCELS = counter("horde.oai.cancels", "Cancel attempts of native requests", ["horde.outcome"])
+REQUEST_MAX_TOKENS = histogram(
+    "horde.oai.request.max_tokens",
+    "Completion limit of each request the Horde accepted",
+    ["horde.source"],
+    buckets=BUCKETS_MAX_TOKENS,
+)

@@ -1,0 +1,44 @@
+"""Settings of the OpenAI-compatible front (``HORDE_OAI_*`` beside the shared ``HORDE_*``).
+
+Spec: chat-front.md (budgets, grace, cancel retries); ARCHITECTURE.md (the front talks to admission over HTTP
+and reads Redis for signals).
+"""
+
+from __future__ import annotations
+
+from horde_core.settings import HordeSettings
+from pydantic import Field
+
+
+class OaiSettings(HordeSettings):
+    """Front settings. Every field reads ``HORDE_<FIELD>``, so ``oai_horde_url`` is ``HORDE_OAI_HORDE_URL``."""
+
+    # The horde the front forwards to: the native routes live under ``<oai_horde_url>/v2/...``.
+    oai_horde_url: str = "http://127.0.0.1:7101/api"
+    # Redis for completion signals (pub/sub reaches any logical db, so only the host matters).
+    # None means HORDE_REDIS_URL; an empty string runs without Redis (status polling only).
+    oai_redis_url: str | None = None
+    # Seconds between status re-reads while waiting for a signal (also the done-without-generation recheck).
+    oai_signal_recheck_seconds: float = Field(default=5.0, gt=0)
+    # Budget of a non-streamed request, from submit to the completion (spec: 408 ChatRequestTimeout).
+    oai_nonstream_timeout_seconds: float = Field(default=600.0, gt=0)
+    # Budget of a streamed request.
+    oai_stream_timeout_seconds: float = Field(default=600.0, gt=0)
+    # How long a request the status reports impossible (no declaration gap) may wait for a worker.
+    oai_fail_fast_grace_seconds: float = Field(default=30.0, ge=0)
+    # Seconds between SSE keepalive comments on a stream.
+    oai_stream_keepalive_seconds: float = Field(default=10.0, gt=0)
+    # Timeout of one native HTTP call.
+    oai_native_timeout_seconds: float = Field(default=30.0, gt=0)
+    # Retries of a native submit that failed in transport or with a 5xx (safe: the operation key dedupes).
+    oai_submit_retries: int = Field(default=2, ge=0)
+    # Seconds between retries of a cancel that failed.
+    oai_cancel_retry_seconds: float = Field(default=30.0, gt=0)
+    # Largest body the front reads (the native MAX_CHAT_BODY_BYTES); larger returns 413.
+    oai_max_body_bytes: int = Field(default=36 * 1024 * 1024, gt=0)
+
+    def front_redis_url(self) -> str | None:
+        """The Redis URL signals are read from, or None when the front runs without Redis."""
+        if self.oai_redis_url is None:
+            return self.redis_url
+        return self.oai_redis_url or None

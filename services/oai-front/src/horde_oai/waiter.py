@@ -1,0 +1,341 @@
+"""Waiting for a native chat request to end (spec: chat-front.md *Completion without a generation*,
+*No eligible worker*, *Fail-fast admission*, *Queue position refresh*; chat-requests.md *Completion signal*).
+
+:class:`ChatWait` subscribes to the request's signal channel, reads the status once after subscribing, then
+re-reads it at every signal and every ``signal_recheck_seconds`` until the request is done with a reply,
+faulted, impossible, or out of budget. Every refusal cancels the native request first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from horde_oai.cancels import CancelManager
+from horde_oai.errors import OpenAIError, no_eligible_worker
+from horde_oai.horde_client import HordeClient
+from horde_oai.mapping import declaration_gap_error, finished_generations, is_size_only_gap, map_native_error
+from horde_oai.signals import SignalHub
+
+log = logging.getLogger(__name__)
+
+# The first status with queue information is awaited this long for the fail-fast wait check.
+POSITIONED_READ_WAIT_SECONDS = 2.0
+# Retry-After of a queue_unavailable refusal never exceeds this: the online pool changes minute to minute.
+QUEUE_UNAVAILABLE_RETRY_AFTER_CAP_SECONDS = 60
+# Status reads the Horde may leave unanswered in a row before the wait gives up with 502 HordeUnavailable.
+MAX_UNANSWERED_READS = 3
+UNANSWERED: dict[str, Any] = {"unanswered": True}
+
+
+@dataclass
+class WaitTrace:
+    """What the wait saw, for the finished-request log line and metrics."""
+
+    woke_at: float | None = None
+    woke_by: str | None = None
+    wakes: int = 0
+    done_without_generation_reads: int = 0
+    first_read_wait_time: Any = None
+    first_read_eligible_worker_threads: Any = None
+    queue_reason: str | None = None
+    wait_time: Any = None
+    eligible_worker_threads: Any = None
+    context_adjustments: list[Any] | None = None
+    fault_signal: dict[str, Any] = field(default_factory=dict)
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _has_progress(status: Mapping[str, Any]) -> bool:
+    return _int(status.get("processing")) > 0 or bool(finished_generations(status))
+
+
+def faulted_error(
+    request_id: str, status: Mapping[str, Any] | None, signal: Mapping[str, Any]
+) -> OpenAIError:
+    """502 ChatRequestFaulted, with the Horde's fault reason when it gave one."""
+    reason = (status or {}).get("fault_reason") or signal.get("fault_reason")
+    rc = (status or {}).get("fault_rc") or signal.get("fault_rc")
+    message = "The AI Horde faulted the request: its workers could not complete it."
+    if reason:
+        message = f"The AI Horde faulted the request: {reason}"
+    metadata: dict[str, Any] = {"request_id": request_id}
+    if rc:
+        metadata["rc"] = rc
+    return OpenAIError(502, message, "ChatRequestFaulted", metadata=metadata)
+
+
+def no_generation_error(request_id: str) -> OpenAIError:
+    """502 ChatRequestNoGeneration: the request ended without a reply to deliver."""
+    return OpenAIError(
+        502,
+        "The AI Horde finished the request without a reply to deliver; it was cancelled.",
+        "ChatRequestNoGeneration",
+        metadata={"request_id": request_id},
+    )
+
+
+def timeout_error(request_id: str, budget: float) -> OpenAIError:
+    """408 ChatRequestTimeout: the budget ran out; the native request was cancelled."""
+    return OpenAIError(
+        408,
+        f"The request did not complete within {budget:g} seconds and was cancelled. No worker finished it in "
+        "time; retry later or lower max_tokens.",
+        "ChatRequestTimeout",
+        metadata={"request_id": request_id},
+    )
+
+
+def queue_unavailable_error(
+    request_id: str, reason: str, threads: Any, wait_time: Any, remaining: float
+) -> OpenAIError:
+    """503 queue_unavailable (horde.availability_mode fail_fast) with a capped Retry-After."""
+    wait_text = f"{wait_time} s" if isinstance(wait_time, int | float) else "unknown"
+    message = (
+        f"No worker can take this request within its budget: {threads if threads is not None else 'unknown'} "
+        f"eligible worker threads, estimated wait {wait_text}, {max(0, int(remaining))} s of budget left. "
+        "The request was cancelled."
+    )
+    if reason == "no_eligible_threads":
+        retry_after = 30
+    else:
+        retry_after = min(
+            QUEUE_UNAVAILABLE_RETRY_AFTER_CAP_SECONDS, max(1, int(wait_time or 0) - int(remaining))
+        )
+    exc = OpenAIError(
+        503,
+        message,
+        "queue_unavailable",
+        type="service_unavailable_error",
+        param="horde.availability_mode",
+        metadata={"request_id": request_id},
+        headers={"Retry-After": str(retry_after)},
+    )
+    exc.reason = reason
+    return exc
+
+
+ChatEntries = Callable[[], Awaitable[Mapping[str, Mapping[str, Any]]]]
+
+
+class ChatWait:
+    """The wait of one submitted request.
+
+    ``run()`` returns the done status with a finished generation or raises :class:`OpenAIError` (after
+    cancelling the native request). ``first_read_passed`` is set once the first status read passed the
+    availability checks, when a stream may send its headers.
+    """
+
+    def __init__(
+        self,
+        *,
+        request_id: str,
+        submitted_at: float,
+        budget: float,
+        client: HordeClient,
+        hub: SignalHub,
+        cancels: CancelManager,
+        recheck_seconds: float,
+        grace_seconds: float,
+        models: Sequence[str],
+        fail_fast: bool = False,
+        chat_entries: ChatEntries | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.submitted_at = submitted_at
+        self.budget = budget
+        self.deadline = submitted_at + budget
+        self.client = client
+        self.hub = hub
+        self.cancels = cancels
+        self.recheck_seconds = recheck_seconds
+        self.grace_seconds = grace_seconds
+        self.models = list(models)
+        self.fail_fast = fail_fast
+        self.chat_entries = chat_entries
+        self.first_read_passed = asyncio.Event()
+        self.trace = WaitTrace()
+        self.cancelled = False
+        self.last_status: dict[str, Any] | None = None
+        self._unanswered_reads = 0
+
+    async def cancel(self) -> None:
+        """Cancel the native request once (retried in the background when it fails)."""
+        if not self.cancelled:
+            self.cancelled = True
+            await self.cancels.cancel(self.request_id, self.submitted_at)
+
+    async def _refuse(self, error: OpenAIError) -> OpenAIError:
+        await self.cancel()
+        return error
+
+    async def _read(self) -> dict[str, Any] | None:
+        """The status, or None when the Horde no longer holds the request (404)."""
+        response = await self.client.status(self.request_id)
+        if response.status == 404:
+            return None
+        if not response.ok:
+            raise map_native_error(
+                response.status, response.body, models=self.models, headers=response.headers
+            )
+        body = response.body if isinstance(response.body, dict) else {}
+        self.last_status = body
+        if body.get("context_adjustments"):
+            self.trace.context_adjustments = list(body["context_adjustments"])
+        return body
+
+    def _unanswered(self, error: OpenAIError) -> dict[str, Any]:
+        self._unanswered_reads += 1
+        log.warning("status read unanswered", extra={"request_id": self.request_id, "code": error.code})
+        if self._unanswered_reads >= MAX_UNANSWERED_READS:
+            raise error
+        return UNANSWERED
+
+    async def _gap_error(self, gap: Mapping[str, Any]) -> OpenAIError:
+        entries: Mapping[str, Mapping[str, Any]] = {}
+        if is_size_only_gap(gap) and self.chat_entries is not None:
+            try:
+                entries = await self.chat_entries()
+            except Exception:
+                log.warning("model list read failed for a size gap", exc_info=True)
+        return await self._refuse(
+            declaration_gap_error(gap, self.models, request_id=self.request_id, chat_entries=entries)
+        )
+
+    async def run(self) -> dict[str, Any]:
+        sub = await self.hub.subscribe(self.request_id)
+        try:
+            return await self._loop(sub)
+        except TimeoutError:
+            raise await self._refuse(timeout_error(self.request_id, self.budget)) from None
+        finally:
+            await self.hub.unsubscribe(sub)
+
+    async def _loop(self, sub: Any) -> dict[str, Any]:
+        impossible_since: float | None = None
+        saw_done_without_generation = False
+        cancelled_signal = False
+        first_read_at: float | None = None
+        fail_fast_pending = self.fail_fast
+        while True:
+            status = await self._read()
+            now = time.time()
+            if status is UNANSWERED:
+                remaining = self.deadline - now
+                if remaining <= 0:
+                    raise TimeoutError
+                event = await sub.wait(min(self.recheck_seconds, remaining))
+                if event is not None:
+                    self._note_event(event)
+                continue
+            if status is None:
+                # Expired or removed: a faulted signal may have said why.
+                raise faulted_error(self.request_id, None, self.trace.fault_signal)
+            if first_read_at is None:
+                first_read_at = now
+                self.trace.first_read_wait_time = status.get("wait_time")
+                self.trace.first_read_eligible_worker_threads = status.get("eligible_worker_threads")
+            if status.get("faulted"):
+                raise faulted_error(self.request_id, status, self.trace.fault_signal)
+            finished = finished_generations(status)
+            waiting, processing = _int(status.get("waiting")), _int(status.get("processing"))
+            if finished and (status.get("done") or (waiting == 0 and processing == 0)):
+                self.first_read_passed.set()
+                return status
+            if status.get("done") and not finished:
+                if waiting or processing:
+                    pass  # still running: not the end
+                elif saw_done_without_generation or cancelled_signal:
+                    self.trace.done_without_generation_reads += 1
+                    raise await self._refuse(no_generation_error(self.request_id))
+                else:
+                    self.trace.done_without_generation_reads += 1
+                    saw_done_without_generation = True
+            # Availability: is_possible false with nothing running.
+            if status.get("is_possible") is False and not _has_progress(status):
+                gap = status.get("impossible_reason")
+                if isinstance(gap, Mapping) and gap.get("kind") == "declaration_gap":
+                    raise await self._gap_error(gap)
+                impossible_since = impossible_since or now
+                if now - impossible_since >= self.grace_seconds:
+                    raise await self._refuse(
+                        no_eligible_worker(
+                            "No worker is currently able to serve this request; it was cancelled. Retry later.",
+                            stage="grace",
+                            request_id=self.request_id,
+                        )
+                    )
+            else:
+                impossible_since = None
+            if fail_fast_pending and not _has_progress(status):
+                error = self._fail_fast_check(status, now, first_read_at)
+                if error is not None:
+                    raise await self._refuse(error)
+                if error is None and self._positioned(status, now, first_read_at):
+                    fail_fast_pending = False
+            else:
+                fail_fast_pending = False
+            if not fail_fast_pending:
+                self.first_read_passed.set()
+            remaining = self.deadline - time.time()
+            if remaining <= 0:
+                raise TimeoutError
+            wait_for = min(self.recheck_seconds, remaining)
+            if fail_fast_pending:
+                wait_for = min(wait_for, 0.25)
+            if impossible_since is not None:
+                wait_for = min(wait_for, max(0.05, impossible_since + self.grace_seconds - time.time()))
+            event = await sub.wait(wait_for)
+            if event is not None:
+                cancelled_signal = self._note_event(event) or cancelled_signal
+            elif time.time() >= self.deadline:
+                raise TimeoutError
+
+    def _note_event(self, event: Mapping[str, Any]) -> bool:
+        """Record a signal; True for a cancelled event."""
+        self.trace.wakes += 1
+        kind = event.get("event")
+        if self.trace.woke_at is None:
+            self.trace.woke_at = time.time()
+            self.trace.woke_by = str(kind)
+        if kind == "faulted":
+            self.trace.fault_signal = {k: event.get(k) for k in ("fault_reason", "fault_rc")}
+        return kind == "cancelled"
+
+    @staticmethod
+    def _positioned(status: Mapping[str, Any], now: float, first_read_at: float) -> bool:
+        has_queue_info = (_int(status.get("queue_position")) > 0) or (
+            isinstance(status.get("wait_time"), int | float) and status["wait_time"] > 0
+        )
+        return has_queue_info or now - first_read_at >= POSITIONED_READ_WAIT_SECONDS
+
+    def _fail_fast_check(
+        self, status: Mapping[str, Any], now: float, first_read_at: float
+    ) -> OpenAIError | None:
+        threads = status.get("eligible_worker_threads")
+        remaining = self.deadline - now
+        if isinstance(threads, int) and not isinstance(threads, bool) and threads == 0:
+            self.trace.queue_reason = "no_eligible_threads"
+            self.trace.eligible_worker_threads = threads
+            self.trace.wait_time = status.get("wait_time")
+            return queue_unavailable_error(
+                self.request_id, "no_eligible_threads", threads, status.get("wait_time"), remaining
+            )
+        if not self._positioned(status, now, first_read_at):
+            return None
+        wait_time = status.get("wait_time")
+        if isinstance(wait_time, int | float) and not isinstance(wait_time, bool) and wait_time > remaining:
+            self.trace.queue_reason = "wait_exceeds_budget"
+            self.trace.eligible_worker_threads = threads
+            self.trace.wait_time = wait_time
+            return queue_unavailable_error(
+                self.request_id, "wait_exceeds_budget", threads, wait_time, remaining
+            )
+        return None

@@ -1,0 +1,52 @@
+"""Fixtures: the front as its own process (``python -m horde_oai``) through horde_testing's launcher."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator, Mapping
+
+import pytest
+from horde_testing.launcher import ServiceProcess, free_port
+
+
+class FrontProcess(ServiceProcess):
+    """A running front with its base URL."""
+
+    url: str
+
+    def log(self) -> str:
+        return self.log_text()
+
+
+def start_front(env: Mapping[str, str], *, wait: bool = True) -> FrontProcess:
+    """Start ``python -m horde_oai`` on a free port with ``env`` added; returns once /healthz answers
+    (at once with ``wait=False``; call ``wait_healthy()``)."""
+    port = free_port()
+    front = FrontProcess(
+        "oai-front",
+        [sys.executable, "-m", "horde_oai"],
+        env={"HORDE_OAI_HTTP_PORT": str(port), "HORDE_LOG_JSON": "false", **env},
+        health_url=f"http://127.0.0.1:{port}/healthz",
+    )
+    front.url = f"http://127.0.0.1:{port}"
+    front.start()
+    if not wait:
+        return front
+    try:
+        front.wait_healthy()
+    except BaseException:
+        front.stop()
+        raise
+    return front
+
+
+@pytest.fixture(scope="module")
+def lone_front() -> Iterator[FrontProcess]:
+    """A front whose horde does not answer (a closed port) and without Redis."""
+    front = start_front(
+        {"HORDE_OAI_HORDE_URL": f"http://127.0.0.1:{free_port()}/api", "HORDE_OAI_REDIS_URL": ""}
+    )
+    try:
+        yield front
+    finally:
+        front.stop()

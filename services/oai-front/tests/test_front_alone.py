@@ -1,0 +1,112 @@
+"""The front as a process, through the official OpenAI SDK, before any native call is needed.
+
+Refusals that happen before the native submit, and a horde that does not answer.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import httpx
+import openai
+import pytest
+
+MESSAGES = [{"role": "user", "content": "Hello"}]
+
+
+def client(front, key: str = "0000000000") -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{front.url}/v1", api_key=key, max_retries=0, timeout=20)
+
+
+def test_unknown_parameter_is_400_with_param(lone_front):
+    with pytest.raises(openai.BadRequestError) as info:
+        client(lone_front).chat.completions.create(model="m", messages=MESSAGES, extra_body={"top_k": 40})
+    err = info.value
+    assert err.status_code == 400
+    assert err.body == {
+        "message": "Unrecognized request argument supplied: top_k",
+        "type": "invalid_request_error",
+        "param": "top_k",
+        "code": "UnsupportedChatParameter",
+    }
+    assert "Refused unsupported chat parameter: path='top_k' label=top_k" in lone_front.log()
+
+
+def test_out_of_range_temperature(lone_front):
+    with pytest.raises(openai.BadRequestError) as info:
+        client(lone_front).chat.completions.create(model="m", messages=MESSAGES, temperature=2.5)
+    assert info.value.body["param"] == "temperature"
+    assert info.value.body["code"] == "UnsupportedChatParameter"
+
+
+def test_non_json_and_nan_bodies_are_bad_request(lone_front):
+    headers = {"Authorization": "Bearer 0000000000", "Content-Type": "application/json"}
+    for raw in (b"{not json", b'{"model": "m", "messages": [], "temperature": NaN}', b'{"x": Infinity}'):
+        response = httpx.post(f"{lone_front.url}/v1/chat/completions", content=raw, headers=headers)
+        assert response.status_code == 400
+        assert response.json()["error"]["code"] == "BadRequest"
+        assert response.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_missing_key_is_401(lone_front):
+    response = httpx.post(f"{lone_front.url}/v1/chat/completions", json={"model": "m", "messages": MESSAGES})
+    assert response.status_code == 401
+    assert response.json()["error"]["type"] == "authentication_error"
+
+
+def test_body_over_the_bound_is_413(lone_front):
+    # A declared length over 36 MiB is refused before the body is read (raw socket: no client sends a lie).
+    host, port = lone_front.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n"
+            b"Content-Type: application/json\r\nContent-Length: "
+            + str(37 * 1024 * 1024).encode()
+            + b"\r\n\r\n{"
+        )
+        reply = b""
+        while b"RequestTooLarge" not in reply:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+    assert reply.decode().startswith("HTTP/1.1 413")
+    assert b'"code":"RequestTooLarge"' in reply
+
+
+def test_unreachable_horde_is_502_horde_unavailable(lone_front):
+    with pytest.raises(openai.InternalServerError) as info:
+        client(lone_front).chat.completions.create(model="m", messages=MESSAGES)
+    assert info.value.status_code == 502
+    assert info.value.body["code"] == "HordeUnavailable"
+    with pytest.raises(openai.InternalServerError):
+        client(lone_front).models.list()
+
+
+def test_docs_redirect_and_cors(lone_front):
+    root = httpx.get(f"{lone_front.url}/", follow_redirects=False)
+    assert root.status_code in (302, 307)
+    assert root.headers["location"] == "/docs"
+    doc = httpx.get(f"{lone_front.url}/openapi.json").json()
+    assert doc["openapi"].startswith("3.1")
+    assert set(doc["paths"]) == {"/v1/chat/completions", "/v1/models"}
+    assert "422" not in doc["paths"]["/v1/chat/completions"]["post"]["responses"]
+    assert "logprobs" in doc["components"]["schemas"]["ChatCompletionRequest"]["properties"]
+    assert httpx.get(f"{lone_front.url}/docs").status_code == 200
+    assert httpx.get(f"{lone_front.url}/redoc").status_code == 200
+    preflight = httpx.options(
+        f"{lone_front.url}/v1/chat/completions",
+        headers={
+            "Origin": "https://lite.koboldai.net",
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type",
+        },
+    )
+    assert preflight.status_code == 200
+    assert preflight.headers["access-control-allow-origin"] in ("*", "https://lite.koboldai.net")
+    refused = httpx.post(
+        f"{lone_front.url}/v1/chat/completions", json={}, headers={"Origin": "https://x.example"}
+    )
+    assert refused.headers["access-control-allow-origin"] == "*"
+    assert "retry-after" in refused.headers["access-control-expose-headers"].lower()
+    assert "x-should-retry" in refused.headers["access-control-expose-headers"].lower()
