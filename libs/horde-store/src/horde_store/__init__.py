@@ -1,1 +1,3 @@
-"""horde_store."""
+"""horde_store: the PostgreSQL schema and its one migration history (:mod:`horde_store.migrate`), the
+asyncpg pool (:mod:`horde_store.db`), users and keys (:mod:`horde_store.users`), object storage
+(:mod:`horde_store.objects`) and the ``horde-admin`` CLI (:mod:`horde_store.admin`)."""

@@ -1,0 +1,182 @@
+"""``horde-admin``: the operator CLI (migrations, users, shared keys).
+
+    horde-admin [--database-url URL] migrate
+    horde-admin user create --username NAME [--kudos N] [--trusted] [--patron] [--concurrency N]
+    horde-admin user set --username NAME [--kudos N] [--trusted/--no-trusted] [--patron/--no-patron]
+                         [--concurrency N] [--flagged/--no-flagged] [--min-kudos N] [--deleted/--no-deleted]
+    horde-admin shared-key create --username NAME [--kudos N] [--expiry-days N] [--max-text-tokens N]
+                                  [--name S]
+
+Every command prints one JSON object on stdout. The database is ``--database-url`` or
+``HORDE_DATABASE_URL``; the API-key salt is ``HORDE_SECRET_KEY`` (the dev salt when unset).
+Exit status: 0 success, 1 a refused operation (unknown user, taken username, database error),
+2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import asyncpg
+
+from horde_store import users
+from horde_store.db import connect
+from horde_store.migrate import MigrationError, migrate
+
+
+class AdminError(Exception):
+    """A refused operation: printed as ``horde-admin: error: …`` with exit status 1."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="horde-admin", description="Horde Chat operator commands.")
+    p.add_argument(
+        "--database-url",
+        default=None,
+        help="PostgreSQL URL (default: $HORDE_DATABASE_URL)",
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("migrate", help="apply pending schema migrations (idempotent)")
+
+    user = sub.add_parser("user", help="create or change users").add_subparsers(dest="action", required=True)
+    create = user.add_parser("create", help="create a user and print its new API key")
+    create.add_argument("--username", required=True)
+    create.add_argument("--kudos", type=float, default=0.0)
+    create.add_argument("--trusted", action="store_true")
+    create.add_argument("--patron", action="store_true")
+    create.add_argument("--concurrency", type=int, default=30)
+    create.add_argument(
+        "--rotate-if-exists",
+        action="store_true",
+        help="if the user exists, give it a new API key (the old one stops working) instead of failing",
+    )
+
+    upd = user.add_parser("set", help="change a user's kudos and flags")
+    upd.add_argument("--username", required=True)
+    upd.add_argument("--kudos", type=float, default=None, help="set the balance to N")
+    upd.add_argument("--min-kudos", type=float, default=None)
+    upd.add_argument("--concurrency", type=int, default=None)
+    for flag in ("trusted", "patron", "flagged", "deleted"):
+        upd.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=None)
+
+    key = sub.add_parser("shared-key", help="shared keys").add_subparsers(dest="action", required=True)
+    kc = key.add_parser("create", help="create a shared key for a user and print it")
+    kc.add_argument("--username", required=True)
+    kc.add_argument("--kudos", type=float, default=5000, help="kudos the key may spend; -1 = unlimited")
+    kc.add_argument("--expiry-days", type=int, default=None, help="days until it expires; -1/omitted = never")
+    kc.add_argument("--max-text-tokens", type=int, default=-1, help="max_length cap; -1 = unlimited")
+    kc.add_argument("--name", default=None)
+    return p
+
+
+def _salt() -> str:
+    return os.environ.get("HORDE_SECRET_KEY") or users.DEV_SECRET_KEY
+
+
+async def _run(args: argparse.Namespace, dsn: str) -> dict[str, Any]:
+    if args.command == "migrate":
+        try:
+            applied = await migrate(dsn)
+        except MigrationError as exc:
+            raise AdminError(str(exc)) from exc
+        return {"applied": applied}
+
+    conn = await connect(dsn)
+    try:
+        try:
+            return await _run_on(conn, args)
+        except asyncpg.UndefinedTableError as exc:
+            raise AdminError(f"{exc} (run `horde-admin migrate` first)") from exc
+    finally:
+        await conn.close()
+
+
+async def _run_on(conn: asyncpg.Connection, args: argparse.Namespace) -> dict[str, Any]:
+    salt = _salt()
+    try:
+        if args.command == "user" and args.action == "create":
+            try:
+                user, key = await users.create_user(
+                    conn,
+                    args.username,
+                    salt=salt,
+                    kudos=args.kudos,
+                    trusted=args.trusted,
+                    patron=args.patron,
+                    concurrency=args.concurrency,
+                )
+            except users.UserExists:
+                if not args.rotate_if_exists:
+                    raise
+                key = users.generate_api_key()
+                async with conn.transaction():
+                    await conn.execute(
+                        "UPDATE users SET api_key_hash = $2 WHERE username = $1",
+                        args.username,
+                        users.hash_api_key(key, salt),
+                    )
+                    user = await users.set_user(
+                        conn,
+                        args.username,
+                        kudos=args.kudos,
+                        trusted=args.trusted,
+                        patron=args.patron,
+                        concurrency=args.concurrency,
+                    )
+            return {"id": user.id, "username": user.username, "api_key": key}
+        if args.command == "user" and args.action == "set":
+            user = await users.set_user(
+                conn,
+                args.username,
+                kudos=args.kudos,
+                min_kudos=args.min_kudos,
+                concurrency=args.concurrency,
+                trusted=args.trusted,
+                patron=args.patron,
+                flagged=args.flagged,
+                deleted=args.deleted,
+            )
+            return user.to_json()
+        if args.command == "shared-key" and args.action == "create":
+            shared = await users.create_shared_key(
+                conn,
+                args.username,
+                kudos=args.kudos,
+                expiry_days=args.expiry_days,
+                max_text_tokens=args.max_text_tokens,
+                name=args.name,
+            )
+            return {"key": str(shared.id), "username": args.username, **shared.to_json()}
+    except (users.UserNotFound, users.UserExists, ValueError) as exc:
+        raise AdminError(str(exc)) from exc
+    raise AdminError(f"unknown command {args.command} {getattr(args, 'action', '')}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``horde-admin``; returns the exit status (see the module docstring)."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    dsn = args.database_url or os.environ.get("HORDE_DATABASE_URL")
+    if not dsn:
+        parser.error("no database: pass --database-url or set HORDE_DATABASE_URL")
+    try:
+        result = asyncio.run(_run(args, dsn))
+    except AdminError as exc:
+        print(f"horde-admin: error: {exc}", file=sys.stderr)
+        return 1
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        print(f"horde-admin: error: database: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
