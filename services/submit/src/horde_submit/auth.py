@@ -1,0 +1,32 @@
+"""The worker owner's key check of submit and progress (text path §4: 401 InvalidAPIKey, 403 WrongCredentials)."""
+
+from __future__ import annotations
+
+from horde_contract.errors import RC
+from horde_core.errors import HordeError
+from horde_store.users import authenticate, hash_api_key
+
+from horde_submit.generations import Conn
+
+INVALID_API_KEY_MESSAGE = (
+    "No user matching sent API Key. Have you remembered to register at https://stablehorde.net/register ?"
+)
+WRONG_CREDENTIALS_MESSAGE = "Wrong credentials to submit as this worker."
+
+
+async def authenticate_owner(
+    conn: Conn, apikey: str | None, salt: str, owner_id: int, owner_key_hash: str | None = None
+) -> None:
+    """Raise 401 InvalidAPIKey when ``apikey`` matches no user, 403 WrongCredentials when it is not the key of
+    the worker's owner ``owner_id``.
+
+    ``owner_key_hash`` (read with the generation) settles the common case without a query: the owner's own key.
+    Any other key is looked up, to tell an unknown key (401) from another user's (403).
+    """
+    if apikey and owner_key_hash is not None and hash_api_key(apikey, salt) == owner_key_hash.strip():
+        return
+    user = await authenticate(conn, apikey, salt) if apikey else None
+    if user is None:
+        raise HordeError(401, RC.InvalidAPIKey, INVALID_API_KEY_MESSAGE)
+    if int(user.id) != int(owner_id):
+        raise HordeError(403, RC.WrongCredentials, WRONG_CREDENTIALS_MESSAGE)

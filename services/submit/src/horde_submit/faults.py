@@ -1,0 +1,48 @@
+"""Fault rules shared by the faulted submit and ``SettlementService.FaultGeneration`` (spec: **Structured
+submit**, **Job lease**; text path §7, §14).
+
+A fault and the job's restart commit together; the request faults once more than FAULTED_GENERATIONS_LIMIT (2)
+of its generations faulted, and a chat request then publishes ``faulted`` with its stored fault reason and rc,
+after the commit.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import asyncpg
+import redis.asyncio as redis
+
+from horde_submit import generations as gens
+from horde_submit.metrics import GATE_SHADOW_OUTCOMES, flag, size_bucket
+from horde_submit.signals import ChatSignal, publish
+from horde_submit.streams import end_stream
+
+
+async def apply_fault(
+    pool: asyncpg.Pool, signal: redis.Redis | None, generation_id: uuid.UUID, *, lapsed: bool = False
+) -> gens.FaultResult:
+    """Fault the pending generation, restart its job unless the request was cancelled, update the worker's
+    counters and fault the request past the limit, in one transaction; then end a streamed generation's progress
+    stream and publish ``faulted`` when this fault faulted a chat request.
+
+    ``lapsed`` (a lapsed lease) counts an over-capacity legacy job as aborted rather than faulted. Returns
+    ``faulted=False`` (and writes nothing) when the generation was not pending."""
+    async with pool.acquire() as conn, conn.transaction():
+        result = await gens.fault_and_restart(conn, generation_id)
+    if result.over_capacity and not result.is_chat:
+        GATE_SHADOW_OUTCOMES.labels(
+            flag(result.worker_trusted), size_bucket(result.max_length), "aborted" if lapsed else "faulted"
+        ).inc()
+    if result.streamed and result.wp_id is not None:
+        await end_stream(signal, str(result.wp_id), str(generation_id))
+    if result.request_faulted and result.is_chat and result.wp_id is not None:
+        await publish(
+            signal,
+            [
+                ChatSignal(
+                    str(result.wp_id), "faulted", result.generations, result.fault_reason, result.fault_rc
+                )
+            ],
+        )
+    return result

@@ -1,0 +1,80 @@
+"""``horde.submit.v1.SettlementService``: settlement rules other stages ask submit to apply.
+
+- ``FaultGeneration``: fault a pending generation (a lapsed lease, from the janitor), restart its job unless its
+  request was cancelled, fault the request past FAULTED_GENERATIONS_LIMIT and publish ``faulted`` (spec: **Job
+  lease**, **Structured submit**). Idempotent: a generation that is no longer pending answers ``faulted=false``.
+- ``SettleCancelledGeneration``: settle a streamed generation in flight at a cancel on the content its worker
+  posted, and fault it as cancelled (spec: **Pricing**). ``settled=false`` when it was no longer pending.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import asyncpg
+import grpc
+import redis.asyncio as redis
+from horde.submit.v1 import settlement_pb2, settlement_pb2_grpc
+
+from horde_submit import generations as gens
+from horde_submit.faults import apply_fault
+from horde_submit.models import ModelReference
+from horde_submit.settle import settle_cancelled_generation
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "horde.submit.v1.SettlementService"
+
+
+class SettlementServicer(settlement_pb2_grpc.SettlementServiceServicer):
+    """Serves the settlement RPCs against the shared pool and signal client."""
+
+    def __init__(
+        self, pool: asyncpg.Pool, signal: redis.Redis | None, models: ModelReference | None = None
+    ) -> None:
+        self.pool = pool
+        self.signal = signal
+        self.models = models or ModelReference()
+
+    async def FaultGeneration(
+        self, request: settlement_pb2.FaultGenerationRequest, context: grpc.aio.ServicerContext
+    ) -> settlement_pb2.FaultGenerationResponse:
+        gen_id = gens.parse_uuid(request.generation_id)
+        if gen_id is None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "generation_id is not a UUID")
+        assert gen_id is not None
+        lapsed = request.cause == settlement_pb2.FAULT_CAUSE_LEASE_LAPSED
+        result = await apply_fault(self.pool, self.signal, gen_id, lapsed=lapsed)
+        if result.faulted:
+            log.info(
+                "generation faulted",
+                extra={
+                    "generation_id": str(gen_id),
+                    "cause": settlement_pb2.FaultCause.Name(request.cause),
+                    "request_faulted": result.request_faulted,
+                },
+            )
+        return settlement_pb2.FaultGenerationResponse(
+            faulted=result.faulted, request_faulted=result.request_faulted
+        )
+
+    async def SettleCancelledGeneration(
+        self, request: settlement_pb2.SettleCancelledGenerationRequest, context: grpc.aio.ServicerContext
+    ) -> settlement_pb2.SettleCancelledGenerationResponse:
+        gen_id = gens.parse_uuid(request.generation_id)
+        if gen_id is None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "generation_id is not a UUID")
+        assert gen_id is not None
+        result = await settle_cancelled_generation(self.pool, self.signal, self.models, gen_id)
+        return settlement_pb2.SettleCancelledGenerationResponse(
+            settled=result.settled, character_count=result.character_count, kudos=result.kudos
+        )
+
+
+def registrar(servicer: SettlementServicer):  # type: ignore[no-untyped-def]
+    """A register callback for :func:`horde_core.grpc.start_grpc_server`."""
+
+    def register(server: grpc.aio.Server) -> None:
+        settlement_pb2_grpc.add_SettlementServiceServicer_to_server(servicer, server)
+
+    return register

@@ -1,0 +1,91 @@
+"""Settlement of a streamed generation still in flight when its request is cancelled (spec: **Pricing**,
+**Streaming progress**; ``SettlementService.SettleCancelledGeneration``).
+
+The characters priced are the content the worker posted (``read_posted_progress``: the generation's content
+entries from the request's stream in seq order, reasoning aside). When the stream does not hold its entries the
+lease's accepted bytes stand in; a Redis failure settles on the floor (20 tokens).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+
+import asyncpg
+import redis.asyncio as redis
+from horde_core.redis_keys import progress_stream_key, stream_lease_key
+
+from horde_submit import generations as gens
+from horde_submit import pricing
+from horde_submit.models import ModelReference
+
+log = logging.getLogger(__name__)
+
+
+async def read_posted_progress(client: redis.Redis | None, request_id: str, generation_id: str) -> int:
+    """The characters of content the worker posted for the generation (0 when Redis fails)."""
+    if client is None:
+        return 0
+    try:
+        entries = await client.xrange(progress_stream_key(request_id))
+        parts: list[tuple[int, str]] = []
+        for _, fields in entries:
+            if fields.get("gen") != generation_id or fields.get("ended"):
+                continue
+            parts.append((int(fields.get("seq", 0)), fields.get("content", "")))
+        if parts:
+            parts.sort()
+            return len("".join(content for _, content in parts))
+        accepted = await client.hget(stream_lease_key(generation_id), "bytes")
+        return int(accepted or 0)
+    except Exception:
+        log.warning("posted progress read failed", extra={"generation_id": generation_id}, exc_info=True)
+        return 0
+
+
+@dataclass(frozen=True, slots=True)
+class CancelSettlement:
+    """The outcome of :func:`settle_cancelled_generation`."""
+
+    settled: bool
+    character_count: int = 0
+    kudos: float = 0.0
+
+
+async def settle_cancelled_generation(
+    pool: asyncpg.Pool, signal: redis.Redis | None, models: ModelReference, generation_id: uuid.UUID
+) -> CancelSettlement:
+    """Price the posted content, pay and charge, and fault the generation as cancelled (one transaction)."""
+    async with pool.acquire() as conn:
+        ctx = await gens.load_context(conn, generation_id)
+    if ctx is None or not ctx.pending:
+        return CancelSettlement(settled=False)
+    characters = await read_posted_progress(signal, str(ctx.wp_id), str(ctx.id))
+    reward = 0.0
+    if not ctx.fake:
+        reward = pricing.generation_kudos(
+            pricing.PricingInputs(
+                reply_characters=characters,
+                prompt_characters=ctx.prompt_characters,
+                max_length=ctx.max_length,
+                max_context_length=ctx.max_context_length,
+                parameters_billion=models.parameters_billion(ctx.served_model),
+                bridge_agent=ctx.bridge_agent,
+                owner_trusted=ctx.owner_trusted,
+            )
+        )
+    owner_kudos, owner_escrow = pricing.escrow_split(reward, ctx.owner_trusted, ctx.owner_id == 0)
+    settlement = gens.Settlement(
+        reward=reward,
+        owner_kudos=owner_kudos,
+        owner_escrow=owner_escrow,
+        charge=pricing.requester_charge(reward),
+        contribution_tokens=pricing.charged_tokens(characters, ctx.max_length),
+        speed=0.0,
+    )
+    async with pool.acquire() as conn, conn.transaction():
+        settled = await gens.settle_cancelled(conn, ctx, characters, settlement)
+    if not settled:
+        return CancelSettlement(settled=False)
+    return CancelSettlement(settled=True, character_count=characters, kudos=reward)

@@ -1,0 +1,342 @@
+"""``POST /v2/generate/text/submit``: structured chat submits, legacy text submits and faulted submits.
+
+Spec: chat-requests.md **Structured submit**, **Reasoning**, **Reply verification**, **Refusal record and worker
+counters**, **Worker fault reasons**, **Pricing**, **Completion signal**; text path §4, §5, §14.
+
+Order of a submit:
+
+1. The body is parsed (``horde_contract.parse_submit_body``): 400 ChatSubmitInvalid / BadRequest. A refused
+   chat body that names a pending generation of the caller's worker is recorded as a refusal first.
+2. The generation is read with its worker, owner and request: 404 InvalidJobID when it is not stored.
+3. The apikey must be the worker owner's: 401 InvalidAPIKey (unknown key), 403 WrongCredentials (another key).
+4. A faulted submit (``state: faulted``) faults the generation and restarts the job: 200 ``{"reward": 0}``.
+5. A reply to a faulted generation: 400 AbortedGen; to a stored one: 400 DuplicateGen.
+6. A chat reply: 400 ChatModelMismatch, then ``verify_chat_reply`` (400 ChatSubmitInvalid /
+   ChatSubmitNonconformant); each refusal is recorded in its own commit before the 400.
+7. Compare-and-set claim and settlement in one transaction; after the commit, ``generation`` then ``done``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+import redis.asyncio as redis
+from fastapi import APIRouter, Header, Request
+from fastapi.responses import JSONResponse
+from horde_contract import answer_chat_extras
+from horde_contract.errors import RC, ChatContractError
+from horde_contract.limits import CHAT_CHARGE_BASIS_OUTPUT_ESTIMATE
+from horde_contract.vocab import chat_worker_fault_label, chat_worker_fault_message
+from horde_core.errors import HordeError
+
+from horde_submit import generations as gens
+from horde_submit import pricing
+from horde_submit.auth import authenticate_owner
+from horde_submit.contract import (
+    ChatSubmit,
+    SubmitBody,
+    TextSubmit,
+    build_stored_reply,
+    chat_reply_characters,
+    parse_submit,
+    replace_nul,
+    stored_generation,
+    submit_invalid,
+    verify_chat_reply,
+)
+from horde_submit.faults import apply_fault
+from horde_submit.metrics import (
+    EMPTY_GENERATIONS,
+    GATE_SHADOW_OUTCOMES,
+    GATE_SHADOW_SERVICE_SECONDS,
+    SUBMIT_OUTCOMES,
+    WORKER_FAULTS,
+    flag,
+    size_bucket,
+)
+from horde_submit.models import ModelReference
+from horde_submit.signals import ChatSignal, publish
+from horde_submit.streams import delete_lease
+
+log = logging.getLogger(__name__)
+
+REFUSAL_RCS = frozenset({RC.ChatSubmitInvalid, RC.ChatSubmitNonconformant, RC.ChatModelMismatch})
+
+
+def invalid_job(job_id: Any) -> HordeError:
+    """404 InvalidJobID (text path §4)."""
+    return HordeError(404, RC.InvalidJobID, f"Processing Job with ID {job_id} does not exist.")
+
+
+def duplicate_gen(gen_id: Any) -> HordeError:
+    """400 DuplicateGen (text path §4)."""
+    return HordeError(400, RC.DuplicateGen, f"Processing Generation with ID {gen_id} already submitted.")
+
+
+def aborted_gen(ctx: gens.GenerationContext) -> HordeError:
+    """400 AbortedGen, stating the lease (spec: **Job lease**)."""
+    if ctx.request_cancelled:
+        text = f"Processing Generation with ID {ctx.id} has been aborted because its request was cancelled."
+    else:
+        text = (
+            f"Processing Generation with ID {ctx.id} took too long to process and has been aborted! "
+            f"Please submit within {ctx.job_ttl} seconds of the pop (the job's ttl)."
+        )
+    return HordeError(400, RC.AbortedGen, text)
+
+
+def model_mismatch(model_id: Any, assigned: str) -> ChatContractError:
+    """400 ChatModelMismatch (spec: **Structured submit**)."""
+    return ChatContractError(
+        400,
+        RC.ChatModelMismatch,
+        f"The submit's model_id '{model_id}' is not the model this job was assigned to, '{assigned}'.",
+    )
+
+
+@dataclass
+class Submitter:
+    """The submit route's state: the pool, the signal client and the model reference."""
+
+    pool: asyncpg.Pool
+    signal: redis.Redis | None
+    salt: str
+    models: ModelReference
+
+    # -- entry point --------------------------------------------------------------------------------------
+
+    async def submit(self, body: Any, apikey: str | None) -> dict[str, Any]:
+        """Handle one submit; returns ``{"reward": float}`` or raises HordeError / ChatContractError."""
+        try:
+            parsed = parse_submit(body)
+        except ChatContractError as exc:
+            if exc.rc in REFUSAL_RCS and isinstance(body, dict):
+                await self._record_unparsed_refusal(body.get("id"), apikey, exc)
+            SUBMIT_OUTCOMES.labels("invalid").inc()
+            raise
+        gen_id = gens.parse_uuid(parsed.id)
+        if gen_id is None:
+            raise invalid_job(parsed.id)
+        async with self.pool.acquire() as conn:
+            ctx = await gens.load_context(conn, gen_id)
+            if ctx is None:
+                raise invalid_job(parsed.id)
+            await authenticate_owner(conn, apikey, self.salt, ctx.owner_id, ctx.owner_key_hash)
+        if parsed.state == "faulted":
+            return await self._fault(parsed, ctx)
+        if ctx.is_chat:
+            return await self._chat_reply(parsed, ctx)
+        return await self._text_reply(parsed, ctx)
+
+    # -- refusals -----------------------------------------------------------------------------------------
+
+    async def _record_refusal(self, ctx: gens.GenerationContext, exc: ChatContractError) -> None:
+        """Store the refusal in its own commit before the 400 is sent; a failed write is logged only."""
+        SUBMIT_OUTCOMES.labels("refused").inc()
+        if not ctx.is_chat or not ctx.pending:
+            return
+        try:
+            async with self.pool.acquire() as conn:
+                await gens.record_chat_refusal(conn, ctx.id, exc.rc, exc.message)
+        except Exception:
+            log.warning("chat refusal record failed", extra={"generation_id": str(ctx.id)}, exc_info=True)
+
+    async def _record_unparsed_refusal(self, raw_id: Any, apikey: str | None, exc: ChatContractError) -> None:
+        """A body the parser refused still records its refusal when it names a pending chat generation of the
+        caller's own worker (the check is the route's ownership check, so nobody else can write it)."""
+        gen_id = gens.parse_uuid(raw_id)
+        if gen_id is None or not apikey:
+            return
+        try:
+            async with self.pool.acquire() as conn:
+                ctx = await gens.load_context(conn, gen_id)
+                if ctx is None or not ctx.is_chat or not ctx.pending:
+                    return
+                await authenticate_owner(conn, apikey, self.salt, ctx.owner_id, ctx.owner_key_hash)
+                await gens.record_chat_refusal(conn, ctx.id, exc.rc, exc.message)
+        except HordeError:
+            return
+        except Exception:
+            log.warning("chat refusal record failed", extra={"generation_id": str(gen_id)}, exc_info=True)
+
+    def _state_error(self, ctx: gens.GenerationContext) -> HordeError | None:
+        if ctx.faulted:
+            SUBMIT_OUTCOMES.labels("aborted").inc()
+            return aborted_gen(ctx)
+        if ctx.submitted:
+            SUBMIT_OUTCOMES.labels("duplicate").inc()
+            return duplicate_gen(ctx.id)
+        return None
+
+    # -- replies ------------------------------------------------------------------------------------------
+
+    async def _chat_reply(self, parsed: SubmitBody, ctx: gens.GenerationContext) -> dict[str, Any]:
+        error = self._state_error(ctx)
+        if error is not None:
+            raise error
+        if not isinstance(parsed, ChatSubmit) or parsed.message is None:
+            exc = submit_invalid(
+                "A chat job is submitted with message, finish_reason and model_id instead of generation.",
+                "message",
+            )
+            await self._record_refusal(ctx, exc)
+            raise exc
+        assigned = ctx.served_model
+        if assigned is not None and parsed.model_id != assigned:
+            exc = model_mismatch(parsed.model_id, assigned)
+            await self._record_refusal(ctx, exc)
+            raise exc
+        try:
+            verified = verify_chat_reply(parsed, answer_chat_extras(ctx.chat_extras), ctx.chat_conformance)
+        except ChatContractError as exc:
+            if exc.rc in REFUSAL_RCS:
+                await self._record_refusal(ctx, exc)
+            raise
+        if verified.dropped_tool_calls:
+            log.info(
+                "horde.job_submit.done",
+                extra={"generation_id": str(ctx.id), "dropped_tool_calls": verified.dropped_tool_calls},
+            )
+        message = build_stored_reply(verified.message)
+        characters = chat_reply_characters(message)
+        claim = gens.Claim(
+            generation=stored_generation(message),
+            message=message,
+            finish_reason=verified.finish_reason,
+            native_finish_reason=parsed.native_finish_reason,
+            prompt_tokens=parsed.prompt_tokens,
+            completion_tokens=parsed.completion_tokens,
+            reasoning_tokens=parsed.reasoning_tokens,
+            charge_basis=CHAT_CHARGE_BASIS_OUTPUT_ESTIMATE,
+            censored=parsed.state in ("censored", "csam"),
+            state=parsed.state if parsed.state in ("censored", "csam") else "ok",
+            seed=None,
+            gen_metadata=None,
+        )
+        return await self._settle(ctx, claim, characters)
+
+    async def _text_reply(self, parsed: SubmitBody, ctx: gens.GenerationContext) -> dict[str, Any]:
+        error = self._state_error(ctx)
+        if error is not None:
+            raise error
+        if not isinstance(parsed, TextSubmit):
+            SUBMIT_OUTCOMES.labels("invalid").inc()
+            raise submit_invalid(
+                "A text job is submitted with generation; message belongs to chat jobs.", "message"
+            )
+        text = replace_nul(parsed.generation)
+        claim = gens.Claim(
+            generation=text,
+            message=None,
+            finish_reason=None,
+            native_finish_reason=None,
+            prompt_tokens=None,
+            completion_tokens=None,
+            reasoning_tokens=None,
+            charge_basis=None,
+            censored=parsed.state in ("censored", "csam"),
+            state=parsed.state if parsed.state in ("censored", "csam") else "ok",
+            seed=parsed.seed,
+            gen_metadata=parsed.gen_metadata,
+        )
+        return await self._settle(ctx, claim, len(text))
+
+    async def _settle(
+        self, ctx: gens.GenerationContext, claim: gens.Claim, characters: int
+    ) -> dict[str, Any]:
+        """Price, claim and settle in one transaction; publish after the commit."""
+        reward = pricing.generation_kudos(
+            pricing.PricingInputs(
+                reply_characters=characters,
+                prompt_characters=ctx.prompt_characters,
+                max_length=ctx.max_length,
+                max_context_length=ctx.max_context_length,
+                parameters_billion=self.models.parameters_billion(ctx.served_model),
+                bridge_agent=ctx.bridge_agent,
+                owner_trusted=ctx.owner_trusted,
+            )
+        )
+        if ctx.fake:
+            reward = 0.0
+        owner_kudos, owner_escrow = pricing.escrow_split(reward, ctx.owner_trusted, ctx.owner_id == 0)
+        settlement = gens.Settlement(
+            reward=reward,
+            owner_kudos=owner_kudos,
+            owner_escrow=owner_escrow,
+            charge=pricing.requester_charge(reward, claim.censored),
+            contribution_tokens=pricing.charged_tokens(characters, ctx.max_length),
+            speed=pricing.speed_sample(characters, ctx.max_length, ctx.elapsed_seconds),
+        )
+        if ctx.jobs == 1:
+            async with self.pool.acquire() as conn:
+                result = await gens.claim_and_settle(conn, ctx, claim, settlement, single=True)
+        else:
+            async with self.pool.acquire() as conn, conn.transaction():
+                result = await gens.claim_and_settle(conn, ctx, claim, settlement)
+        if not result.claimed:
+            # Lost the compare-and-set: to a fault (lapsed lease, cancel) or to another submit.
+            async with self.pool.acquire() as conn:
+                now = await gens.load_context(conn, ctx.id)
+            if now is None:
+                raise invalid_job(ctx.id)
+            raise self._state_error(now) or duplicate_gen(ctx.id)
+        SUBMIT_OUTCOMES.labels("stored").inc()
+        if not ctx.fake:
+            if claim.generation == "" and not (claim.message or {}).get("tool_calls"):
+                EMPTY_GENERATIONS.labels(ctx.served_model or "").inc()
+            if ctx.over_capacity and not ctx.is_chat:
+                labels = (flag(ctx.owner_trusted), size_bucket(ctx.max_length))
+                GATE_SHADOW_OUTCOMES.labels(*labels, "completed").inc()
+                GATE_SHADOW_SERVICE_SECONDS.labels(*labels).observe(ctx.elapsed_seconds)
+        if ctx.streamed:
+            await delete_lease(self.signal, str(ctx.id))
+        if ctx.is_chat and not ctx.fake:
+            signals = [ChatSignal(str(ctx.wp_id), "generation", result.generations)]
+            if result.request_done:
+                signals.append(ChatSignal(str(ctx.wp_id), "done", result.generations))
+            await publish(self.signal, signals)
+        return {"reward": reward}
+
+    # -- faults -------------------------------------------------------------------------------------------
+
+    async def _fault(self, parsed: SubmitBody, ctx: gens.GenerationContext) -> dict[str, Any]:
+        """A faulted submit (spec: **Worker fault reasons**; text path §4): 200 ``{"reward": 0}``."""
+        reason = parsed.fault_reason if ctx.is_chat and isinstance(parsed, ChatSubmit) else None
+        if ctx.is_chat:
+            # Counted before the fault is applied, so a repeated fault submit is counted again.
+            WORKER_FAULTS.labels(chat_worker_fault_label(reason), flag(ctx.owner_trusted)).inc()
+        SUBMIT_OUTCOMES.labels("faulted").inc()
+        if not ctx.pending:
+            return {"reward": 0}
+        message = chat_worker_fault_message(reason) if ctx.is_chat else None
+        if message is not None:
+            try:
+                async with self.pool.acquire() as conn:
+                    await gens.record_chat_worker_fault(conn, ctx.id, message, RC.ChatWorkerFault)
+            except Exception:
+                log.warning(
+                    "chat worker fault record failed", extra={"generation_id": str(ctx.id)}, exc_info=True
+                )
+        await apply_fault(self.pool, self.signal, ctx.id)
+        return {"reward": 0}
+
+
+router = APIRouter(tags=["submit"])
+
+
+@router.post("/v2/generate/text/submit")
+async def submit_route(request: Request, apikey: str | None = Header(default=None)) -> JSONResponse:
+    """Submit a generated reply (chat: ``message``/``finish_reason``/``model_id``; text: ``generation``).
+
+    200 ``{"reward": kudos}``; 400 ChatSubmitInvalid, ChatSubmitNonconformant, ChatModelMismatch, DuplicateGen,
+    AbortedGen, BadRequest; 401 InvalidAPIKey; 403 WrongCredentials; 404 InvalidJobID.
+    """
+    try:
+        body = await request.json()
+    except ValueError as exc:
+        raise HordeError(400, RC.BadRequest, "Input payload validation failed: body: invalid JSON") from exc
+    submitter: Submitter = request.app.state.submitter
+    return JSONResponse(await submitter.submit(body, apikey))
