@@ -1,0 +1,71 @@
+"""The dispatch app factory: the pool, Redis (stream leases), the object store, the WorkerPool gRPC server
+and the native routes (ARCHITECTURE.md: dispatch)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from horde_core.app import create_app as create_base_app
+from horde_core.app import include_native
+from horde_core.redis_keys import signal_client
+from horde_store.db import create_pool
+from horde_store.objects import make_s3_client
+
+from . import pop, worker_routes
+from .grpc_server import start_worker_pool_server
+from .payload import ObjectStore
+from .settings import DispatchSettings
+from .state import DispatchState
+
+SERVICE = "dispatch"
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: DispatchSettings | None = None) -> FastAPI:
+    """Build the dispatch app.
+
+    The lifespan opens the asyncpg pool, a Redis client on the chat signal database and an S3 client, and
+    starts the WorkerPool gRPC server on ``settings.dispatch_grpc_port`` unless ``dispatch_grpc_enabled``
+    is false; readiness checks ping PostgreSQL and Redis.
+    """
+    settings = settings or DispatchSettings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        pool = await create_pool(
+            settings.database_url, min_size=settings.db_pool_min_size, max_size=settings.db_pool_max_size
+        )
+        signals = signal_client(settings.redis_url)
+        objects = ObjectStore(make_s3_client(settings), settings.s3_image_bucket, settings.messages_bucket)
+        state = DispatchState(settings=settings, pool=pool, signals=signals, objects=objects)
+        app.state.dispatch = state
+        grpc_server = None
+        try:
+            if settings.dispatch_grpc_enabled:
+                grpc_server = await start_worker_pool_server(
+                    state, settings.bind_host, settings.dispatch_grpc_port
+                )
+
+            async def database() -> object:
+                return await pool.fetchval("SELECT 1")
+
+            async def redis_ping() -> object:
+                return await signals.ping()
+
+            app.state.readiness_checks.update({"database": database, "redis": redis_ping})
+            yield
+        finally:
+            if grpc_server is not None:
+                await grpc_server.stop(settings.shutdown_grace_seconds)
+            await signals.aclose()
+            await pool.close()
+
+    app = create_base_app(SERVICE, lifespan=lifespan)
+    app.state.settings = settings
+    include_native(app, pop.router)
+    include_native(app, worker_routes.router)
+    return app

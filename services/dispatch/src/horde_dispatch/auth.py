@@ -1,0 +1,42 @@
+"""The worker owner's API key on pop (ai-horde-text-path.md §3: apikey header; anonymous, flagged and
+deleted users do not run workers)."""
+
+from __future__ import annotations
+
+import asyncpg
+from horde_contract import RC
+from horde_core.errors import HordeError
+from horde_store import users
+
+
+def invalid_api_key() -> HordeError:
+    """401 InvalidAPIKey for a missing or unknown key."""
+    return HordeError(
+        401, RC.InvalidAPIKey, "No user matching sent API Key. Have you remembered to register?"
+    )
+
+
+async def authenticate_worker_owner(
+    conn: asyncpg.Connection | asyncpg.Pool, apikey: str | None, salt: str
+) -> users.AuthenticatedUser:
+    """The user a worker pops as.
+
+    401 InvalidAPIKey (missing or unknown key); 403 AnonForbiddenWorker (the anonymous key); 403 DeletedUser;
+    403 WorkerFlaggedMaintenance (a flagged owner). One query.
+    """
+    if not apikey:
+        raise invalid_api_key()
+    user = await users.authenticate(conn, apikey, salt)
+    if user is None:
+        raise invalid_api_key()
+    if user.is_anonymous:
+        raise HordeError(403, RC.AnonForbiddenWorker, "Anonymous user is forbidden from running a worker.")
+    if user.deleted:
+        raise HordeError(403, RC.DeletedUser, "This user has been deleted.")
+    if user.flagged:
+        raise HordeError(
+            403,
+            RC.WorkerFlaggedMaintenance,
+            "Your account has been flagged, so your workers are in maintenance. Please contact the horde moderators.",
+        )
+    return user

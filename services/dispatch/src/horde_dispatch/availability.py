@@ -1,0 +1,158 @@
+"""Worker availability for a request: what ``WorkerPoolService.GetAvailability`` answers.
+
+Spec: chat-requests.md *Known models* (online = checked in within 300 s; count and largest chat limits of
+the chat workers serving the models), *Eligibility* (rules 1–4), *Job lease* (the speed gate, 10 tok/s for
+an unmeasured worker), *Impossible reason* (the declaration gap), *Free output allowance* (eligible threads
+and tokens per second, each worker counted once per thread).
+
+One statement reads the online chat workers serving any requested model (``ix_workers_chat_model_id``);
+the rules run here, through ``horde_contract.chat_refusal_reasons``, as ``can_generate`` does upstream. The
+size limits are not applied in SQL, so a worker below them is refused here and its refusal counts toward
+the gap.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+from horde_contract import ONLINE_WORKER_SECONDS, ChatDeclaration, chat_refusal_reasons, declaration_gap
+
+from .lease import effective_speed, lease_capacity
+from .queue import SLOW_WORKER_SPEED
+from .workers import is_validated_bridge
+
+#: The refusal reason of the speed gate (TextWorker.can_generate_with_eligibility_inputs).
+LEASE_SPEED_REASON = "lease_speed"
+
+
+@dataclass(frozen=True, slots=True)
+class AvailabilityQuery:
+    """A request's needs. ``max_length``/``max_context_length`` 0 skip their check (tokens)."""
+
+    models: Sequence[str]
+    required_features: Sequence[str] = ()
+    max_length: int = 0
+    max_context_length: int = 0
+    tools_temperature: float | None = None
+    has_images: bool = False
+    only_worker_ids: Sequence[str] = ()
+    ignore_worker_ids: Sequence[str] = ()
+    trusted_workers: bool = False
+    validated_backends: bool = False
+    slow_workers: bool = True
+    requester_user_id: int = -1
+
+
+@dataclass(slots=True)
+class Availability:
+    """The answer: counts, largest chat limits (tokens), eligible workers/threads, tokens/s and the gap
+    (``{"kind": "declaration_gap", "missing_declarations", "exceeded_limits"}`` or None)."""
+
+    serving_workers: int = 0
+    max_chat_context_length: int = 0
+    max_chat_length: int = 0
+    eligible_workers: int = 0
+    eligible_threads: int = 0
+    tokens_per_second: float = 0.0
+    declaration_gap: dict[str, Any] | None = None
+    eligible_worker_ids: list[str] = field(default_factory=list)
+
+
+# Online chat workers serving any of the models; a worker in maintenance or paused counts only for its
+# owner's requests.
+_SERVING_WORKERS = f"""
+SELECT w.id, w.user_id, w.threads, w.speed, w.chat_model_id, w.chat_features, w.chat_max_context_length,
+       w.chat_max_length, w.chat_tools_max_temperature, w.image_transports, w.bridge_agent, u.trusted
+FROM workers w JOIN users u ON u.id = w.user_id
+WHERE w.accepts_chat_jobs
+  AND w.chat_model_id = ANY($1::text[])
+  AND w.last_check_in > now() - make_interval(secs => {ONLINE_WORKER_SECONDS})
+  AND ((NOT w.maintenance AND NOT w.paused) OR w.user_id = $2::bigint)
+"""
+
+
+def _declaration(row: asyncpg.Record) -> ChatDeclaration:
+    features = tuple(row["chat_features"] or ())
+    return ChatDeclaration(
+        accepts_chat_jobs=True,
+        chat_features=features,
+        chat_max_context_length=row["chat_max_context_length"],
+        chat_max_length=row["chat_max_length"],
+        chat_tools_max_temperature=row["chat_tools_max_temperature"],
+        chat_model_id=row["chat_model_id"],
+        image_transports=tuple(row["image_transports"] or ()),
+        feature_set=frozenset(features),
+    )
+
+
+def _passes_rule_4(row: asyncpg.Record, q: AvailabilityQuery) -> bool:
+    """only/ignore, trusted, validated backends, slow workers (the queue query's rule 4)."""
+    worker_id = str(row["id"])
+    if q.only_worker_ids and worker_id not in q.only_worker_ids:
+        return False
+    if worker_id in q.ignore_worker_ids:
+        return False
+    if q.trusted_workers and not row["trusted"]:
+        return False
+    if q.validated_backends and not is_validated_bridge(row["bridge_agent"]):
+        return False
+    return q.slow_workers or effective_speed(row["speed"]) >= SLOW_WORKER_SPEED
+
+
+def evaluate(rows: Sequence[asyncpg.Record], q: AvailabilityQuery) -> Availability:
+    """Apply rules 1–4 and the speed gate to the serving workers' rows (pure; see the module docstring)."""
+    result = Availability(serving_workers=len(rows))
+    refusals: list[list[str]] = []
+    for row in rows:
+        result.max_chat_context_length = max(
+            result.max_chat_context_length, row["chat_max_context_length"] or 0
+        )
+        result.max_chat_length = max(result.max_chat_length, row["chat_max_length"] or 0)
+        if not _passes_rule_4(row, q):
+            continue
+        reasons = chat_refusal_reasons(
+            declaration=_declaration(row),
+            models=list(q.models),
+            required_features=list(q.required_features),
+            max_length=q.max_length,
+            max_context_length=q.max_context_length,
+            tools_temperature=q.tools_temperature,
+            has_images=q.has_images,
+        )
+        if q.max_length > 0 and lease_capacity(row["speed"]) < q.max_length:
+            reasons.append(LEASE_SPEED_REASON)
+        if reasons:
+            refusals.append(reasons)
+            continue
+        threads = int(row["threads"])
+        result.eligible_workers += 1
+        result.eligible_threads += threads
+        result.tokens_per_second += effective_speed(row["speed"]) * threads
+        result.eligible_worker_ids.append(str(row["id"]))
+    if result.eligible_workers == 0 and refusals:
+        result.declaration_gap = declaration_gap(refusals)
+    return result
+
+
+async def get_availability(conn: asyncpg.Connection | asyncpg.Pool, q: AvailabilityQuery) -> Availability:
+    """The availability of ``q``'s models for its needs; one statement."""
+    models = list(dict.fromkeys(q.models))
+    if not models:
+        return Availability()
+    rows = await conn.fetch(_SERVING_WORKERS, models, q.requester_user_id)
+    return evaluate(rows, q)
+
+
+def parse_worker_ids(values: Sequence[str]) -> list[str]:
+    """Worker ids normalised to canonical UUID text; malformed ids are kept verbatim (they match nothing)."""
+    out = []
+    for value in values:
+        try:
+            out.append(str(uuid.UUID(value)))
+        except ValueError:
+            out.append(value)
+    return out

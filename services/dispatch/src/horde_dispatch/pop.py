@@ -1,0 +1,166 @@
+"""``POST /v2/generate/text/pop``: check the worker in with its chat declaration and hand it a job.
+
+Spec: chat-requests.md *Chat declaration on pop*, *Eligibility*, *Chat job pop response*, *Job lease*,
+*Streaming progress* (the lease written at pop); ai-horde-text-path.md §3 (fields, refusals, queue order,
+``skipped``, ttl, payload) and §6 (creation, check-in).
+
+Round trips: authentication, the check-in upsert, the pop statement; an empty pop adds the ``skipped``
+count. Nothing reads the object store or Redis before the pop statement has committed.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Depends, Header, Request
+from horde_contract import (
+    RC,
+    TEXT_JOB_LEASE_SECONDS,
+    TRUSTED_TEXT_JOB_LEASE_CAP_SECONDS,
+    UNTRUSTED_TEXT_JOB_LEASE_CAP_SECONDS,
+)
+from horde_core.errors import HordeError
+from horde_store import users
+
+from .auth import authenticate_worker_owner
+from .lease import effective_speed, lease_capacity, record_capacity_limit
+from .metrics import GATE_SHADOW_ASSIGNMENTS, QUEUE_WAIT_SECONDS, requester_kind, size_bucket
+from .payload import chat_job_payload, text_job_payload
+from .pop_body import PopBody, parse_pop_body
+from .queue import SLOW_WORKER_SPEED, PoppedJob, PopWorker, count_skipped, pop_job
+from .state import DispatchState, get_state
+from .stream_lease import lease_fields, write_stream_leases
+from .workers import WorkerRow, check_in, is_validated_bridge
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(tags=["workers"])
+
+DEFAULT_MAINTENANCE_MESSAGE = "This worker has been put into maintenance mode by its owner."
+
+
+def _record_assignment(job: PoppedJob, worker: PopWorker, capacity: int, speed: float) -> None:
+    wait = max(0.0, (job.assigned - job.created).total_seconds())
+    QUEUE_WAIT_SECONDS.labels(
+        requester=requester_kind(job.requester_id, job.shared_key_id is not None),
+        chat=str(job.is_chat).lower(),
+        requested_bucket=size_bucket(job.max_length),
+    ).observe(wait)
+    if job.over_capacity:
+        # Legacy text jobs are not gated (ADR 0041); the shadow records how often the gate would have held.
+        GATE_SHADOW_ASSIGNMENTS.labels(
+            worker_trusted=str(worker.trusted).lower(), size_bucket=size_bucket(job.max_length)
+        ).inc()
+        log.info(
+            "legacy text job assigned over capacity",
+            extra={
+                "generation_ids": [str(g) for g in job.generation_ids],
+                "request_id": str(job.wp_id),
+                "worker_id": str(worker.worker_id),
+                "max_length": job.max_length,
+                "capacity": capacity,
+                "speed": speed,
+            },
+        )
+
+
+def _pop_worker(pop: PopBody, owner: users.AuthenticatedUser, worker: WorkerRow) -> PopWorker:
+    """What the queue query needs: the pop's models and declaration, the stored text limits, the owner's
+    trust, the bridge, the speed gate's capacity (counted in horde.pop.lease_capacity_limited)."""
+    declaration = pop.declaration
+    capacity = lease_capacity(worker.speed)
+    record_capacity_limit(declaration.accepts_chat_jobs, declaration.chat_max_length, capacity)
+    return PopWorker(
+        worker_id=worker.id,
+        owner_id=owner.id,
+        priority_user_ids=tuple(pop.priority_user_ids),
+        models=tuple(pop.models),
+        accepts_prompt_jobs=declaration.accepts_prompt_jobs,
+        text_max_length=worker.max_length,
+        text_max_context_length=worker.max_context_length,
+        accepts_chat_jobs=declaration.accepts_chat_jobs,
+        chat_model_id=declaration.chat_model_id,
+        chat_features=tuple(declaration.chat_features),
+        chat_max_length=declaration.chat_max_length,
+        chat_max_context_length=declaration.chat_max_context_length,
+        chat_tools_max_temperature=declaration.chat_tools_max_temperature,
+        image_transports=tuple(declaration.image_transports),
+        capacity=capacity,
+        trusted=owner.trusted,
+        validated=is_validated_bridge(worker.bridge_agent),
+        slow=effective_speed(worker.speed) < SLOW_WORKER_SPEED,
+        maintenance=worker.maintenance,
+        paused=worker.paused,
+        amount=pop.text.amount,
+        lease_cap=TRUSTED_TEXT_JOB_LEASE_CAP_SECONDS
+        if owner.trusted
+        else UNTRUSTED_TEXT_JOB_LEASE_CAP_SECONDS,
+    )
+
+
+@router.post("/v2/generate/text/pop")
+async def pop_text_job(
+    request: Request,
+    state: Annotated[DispatchState, Depends(get_state)],
+    body: Annotated[Any, Body()] = None,
+    apikey: Annotated[str | None, Header()] = None,
+) -> dict[str, Any]:
+    """Check the worker in and pop one text or chat job.
+
+    Body: the text pop fields (name, models, max_length, max_context_length, threads 1–50, amount 1–20,
+    bridge_agent, softprompts, priority_usernames, …) and the chat declaration (chat_jobs, prompt_jobs,
+    chat_features, chat_limits, model_id, image_transports). Lengths are tokens.
+
+    200 with a job: ``{payload, id, ids, model, ttl: 150, skipped: {}}`` plus ``chat: true`` for a chat job;
+    without one: ``{id: null, ids: [], skipped: {reason: count}}``.
+    Errors: 400 BadRequest / InvalidPriorityUsername / ChatDeclarationInvalid; 401 InvalidAPIKey;
+    403 AnonForbiddenWorker, DeletedUser, WorkerFlaggedMaintenance, WrongCredentials (the name belongs to
+    another user), WorkerMaintenance (a worker in maintenance with none of its owner's requests queued).
+    """
+    pop = parse_pop_body(body)
+    settings = state.settings
+    ipaddr = request.client.host if request.client else None
+    # One connection for the whole pop: a request queues for the pool once, not once per statement.
+    async with state.pool.acquire() as conn:
+        owner = await authenticate_worker_owner(conn, apikey, settings.secret_key)
+        worker = await check_in(conn, owner.id, pop, ipaddr)
+        pw = _pop_worker(pop, owner, worker)
+        job = await pop_job(conn, pw)
+        if job is None:
+            if worker.maintenance:
+                raise HordeError(
+                    403, RC.WorkerMaintenance, worker.maintenance_msg or DEFAULT_MAINTENANCE_MESSAGE
+                )
+            skipped = await count_skipped(conn, pw, settings.pop_skipped_scan_limit)
+            return {"id": None, "ids": [], "skipped": skipped}
+
+    speed = effective_speed(worker.speed)
+    capacity = pw.capacity
+    _record_assignment(job, pw, capacity, speed)
+    ids = [str(g) for g in job.generation_ids]
+    response: dict[str, Any] = {"id": ids[0] if ids else None, "ids": ids, "model": job.model}
+    if job.is_chat:
+        response["payload"] = await chat_job_payload(job, state.objects)
+        response["chat"] = True
+        if job.stream_progress:
+            leases = {
+                gid: lease_fields(
+                    request_id=str(job.wp_id),
+                    worker_id=str(worker.id),
+                    model=job.model,
+                    owner_id=owner.id,
+                    owner_key_hash=owner.api_key_hash,
+                    max_length=job.max_length,
+                    started=job.assigned,
+                    lease_cap=pw.lease_cap,
+                    trusted=owner.trusted,
+                )
+                for gid in ids
+            }
+            await write_stream_leases(state.signals, leases)
+    else:
+        response["payload"] = text_job_payload(job)
+    response["ttl"] = TEXT_JOB_LEASE_SECONDS
+    response["skipped"] = {}
+    return response

@@ -1,0 +1,109 @@
+"""The body of ``POST /v2/generate/text/pop``: the text pop fields (ai-horde-text-path.md §3) and the chat
+declaration (spec: chat-requests.md *Chat declaration on pop*).
+
+The text fields are validated here; the six chat fields are read by ``horde_contract.parse_chat_declaration``
+from the raw body, so the worker, the front and dispatch share one rule.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi.exceptions import RequestValidationError
+from horde_contract import RC, ChatDeclaration, parse_chat_declaration
+from horde_core.errors import HordeError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+
+#: Upstream keeps at most this many models of one pop (TextWorker.parse_models).
+MAX_WORKER_MODELS = 200
+#: Upstream's bridge agent when the worker does not send one.
+DEFAULT_BRIDGE_AGENT = "unknown:0:unknown"
+#: Names upstream refuses for a new worker (JobPopTemplate.validate).
+_FORBIDDEN_NAME_PARTS = ("colab", "tpu", "google")
+UNRECOGNISED_MODELS_MESSAGE = (
+    "Unfortunately we cannot accept workers serving unrecognised models at this time"
+)
+
+ModelName = Annotated[StrictStr, Field(min_length=3, max_length=255)]
+
+
+class TextPopBody(BaseModel):
+    """The text fields of a pop. Lengths are in tokens; unknown keys are ignored, as upstream.
+
+    ``nsfw``, ``require_upfront_kudos`` and ``extra_slow_worker`` are accepted and not applied to text.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: Annotated[StrictStr, Field(min_length=1, max_length=100)]
+    models: list[ModelName] = Field(default_factory=list)
+    max_length: Annotated[StrictInt, Field(ge=1)] = 512
+    max_context_length: Annotated[StrictInt, Field(ge=1)] = 2048
+    softprompts: Annotated[list[Annotated[StrictStr, Field(max_length=100)]], Field(max_length=200)] = Field(
+        default_factory=list
+    )
+    bridge_agent: Annotated[StrictStr, Field(max_length=1000)] = DEFAULT_BRIDGE_AGENT
+    threads: Annotated[StrictInt, Field(ge=1, le=50)] = 1
+    amount: Annotated[StrictInt, Field(ge=1, le=20)] = 1
+    priority_usernames: list[StrictStr] = Field(default_factory=list)
+    nsfw: StrictBool | None = None
+    require_upfront_kudos: StrictBool | None = None
+    extra_slow_worker: StrictBool | None = None
+
+
+class PopBody:
+    """A validated pop: ``text`` (the text fields), ``declaration`` (the chat declaration), and
+    ``priority_user_ids`` (the user ids of ``alias#id`` entries of ``priority_usernames``)."""
+
+    __slots__ = ("declaration", "priority_user_ids", "text")
+
+    def __init__(self, text: TextPopBody, declaration: ChatDeclaration, priority_user_ids: list[int]) -> None:
+        self.text = text
+        self.declaration = declaration
+        self.priority_user_ids = priority_user_ids
+
+    @property
+    def models(self) -> list[str]:
+        """The pop's models, deduplicated in order and capped at 200."""
+        return list(dict.fromkeys(self.text.models))[:MAX_WORKER_MODELS]
+
+    @property
+    def bridge_name(self) -> str:
+        """The bridge name: ``bridge_agent`` up to its first ``:`` (``unknown`` when empty)."""
+        return self.text.bridge_agent.split(":", 1)[0] or "unknown"
+
+
+def _priority_user_id(entry: str) -> int:
+    """The user id of an ``alias#id`` entry; 400 InvalidPriorityUsername otherwise."""
+    alias, sep, raw_id = entry.rpartition("#")
+    if not sep or not alias or not raw_id.isdigit():
+        raise HordeError(
+            400,
+            RC.InvalidPriorityUsername,
+            f"Priority usernames need to be in the form alias#id. '{entry}' is not.",
+        )
+    return int(raw_id)
+
+
+def parse_pop_body(raw: Any) -> PopBody:
+    """Validate a pop body.
+
+    Errors: 400 BadRequest for a field of the wrong type or out of range (the message names the field,
+    e.g. ``threads``), for an empty ``models`` (upstream's "unrecognised models" message) and for a name
+    containing colab, tpu or google; 400 InvalidPriorityUsername for a priority entry without ``#id``;
+    400 ChatDeclarationInvalid for an invalid chat declaration.
+    """
+    if not isinstance(raw, dict):
+        raise HordeError(400, RC.BadRequest, "Input payload validation failed: body: has to be a JSON object")
+    try:
+        text = TextPopBody.model_validate(raw)
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors()) from None
+    if not text.models:
+        raise HordeError(400, RC.BadRequest, UNRECOGNISED_MODELS_MESSAGE)
+    lowered = text.name.lower()
+    if any(part in lowered for part in _FORBIDDEN_NAME_PARTS):
+        raise HordeError(400, RC.BadRequest, "Worker names cannot contain 'colab', 'tpu' or 'google'.")
+    priority_ids = [_priority_user_id(entry) for entry in text.priority_usernames]
+    declaration = parse_chat_declaration(raw)
+    return PopBody(text, declaration, priority_ids)
