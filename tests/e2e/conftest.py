@@ -104,6 +104,10 @@ def _service_env(base: dict[str, str], ports: dict[str, int]) -> dict[str, str]:
             "HORDE_OAI_HTTP_PORT": str(ports["oai"]),
             "HORDE_OAI_HORDE_URL": f"http://127.0.0.1:{ports['admission']}/api",
             "HORDE_JANITOR_INTERVAL_SECONDS": "1",
+            # Every test client shares 127.0.0.1: keep the limiter on, with room for the suite's pace.
+            "HORDE_CHAT_REQUEST_2SEC_LIMIT_PER_IP": "50/second",
+            "HORDE_CHAT_REQUEST_90MIN_LIMIT_PER_IP": "5000/minute",
+            "HORDE_APIKEY_REQUEST_LIMIT": "50/second",
             "HORDE_LOG_JSON": "false",
         }
     )
