@@ -1,0 +1,96 @@
+"""API key authentication for the generate, status and cancel routes (text path §1 headers, §5 shared keys).
+
+``apikey`` is required on generate routes; an unknown key is 401 InvalidAPIKey. A key that parses as a UUID is
+first tried as a shared key, whose owner is the requester and is charged; the anonymous key ``0000000000``
+is the user with id 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from horde_core.errors import HordeError
+from horde_store import users
+
+from horde_admission.store import Conn
+
+ANONYMOUS_API_KEY = "0000000000"
+
+
+@dataclass
+class Requester:
+    """The authenticated requester: the user (the shared key's owner when one is used)."""
+
+    user_id: int
+    username: str
+    kudos: float
+    min_kudos: float
+    concurrency: int
+    trusted: bool = False
+    patron: bool = False
+    flagged: bool = False
+    anonymous: bool = False
+    shared_key_id: str | None = None
+    shared_key_kudos: float | None = None  # -1 is unlimited
+    shared_key_max_text_tokens: int | None = None
+
+    @property
+    def kind(self) -> str:
+        """The horde.requester metric attribute: anonymous, registered or shared_key."""
+        if self.shared_key_id:
+            return "shared_key"
+        return "anonymous" if self.anonymous else "registered"
+
+
+def invalid_api_key() -> HordeError:
+    """401 InvalidAPIKey (text path §1)."""
+    return HordeError(401, "InvalidAPIKey", "No user matching sent API Key. Have you remembered to register?")
+
+
+def _from_store(found: users.AuthenticatedUser) -> Requester:
+    key = found.shared_key
+    return Requester(
+        user_id=int(found.id),
+        username=found.username,
+        kudos=float(found.kudos),
+        min_kudos=float(found.min_kudos),
+        concurrency=int(found.concurrency),
+        trusted=found.trusted,
+        patron=found.patron,
+        flagged=found.flagged,
+        anonymous=found.is_anonymous,
+        shared_key_id=str(key.id) if key else None,
+        shared_key_kudos=float(key.kudos) if key else None,
+        shared_key_max_text_tokens=int(key.max_text_tokens) if key else None,
+    )
+
+
+async def authenticate(conn: Conn, apikey: str | None, salt: str) -> Requester:
+    """The requester for ``apikey``.
+
+    401 InvalidAPIKey for a missing or unknown key; 403 DeletedUser; for a shared key 403 SharedKeyExpired
+    and 403 SharedKeyEmpty (kudos 0). Text path §1, §5.
+    """
+    if not apikey:
+        raise invalid_api_key()
+    found = await users.authenticate(conn, apikey, salt)
+    if found is None:
+        raise invalid_api_key()
+    if found.deleted:
+        raise HordeError(403, "DeletedUser", "This user has been deleted.")
+    key = found.shared_key
+    if key is not None:
+        if key.is_expired():
+            raise HordeError(403, "SharedKeyExpired", "This shared key has expired.")
+        if key.kudos == 0:
+            raise HordeError(403, "SharedKeyEmpty", "This shared key has no kudos left.")
+    return _from_store(found)
+
+
+async def try_authenticate(conn: Conn, apikey: str | None, salt: str) -> Requester | None:
+    """As :func:`authenticate`, None instead of a refusal (the operation key lookup runs before the auth
+    step of the route order)."""
+    try:
+        return await authenticate(conn, apikey, salt)
+    except HordeError:
+        return None

@@ -1,0 +1,61 @@
+"""The chat body bound: 413 RequestTooLarge before parsing (spec: Routes, step 1; read_chat_request_body)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import Request
+from horde_core.errors import HordeError
+
+from horde_admission import contract
+
+
+def request_too_large(limit: int) -> Exception:
+    """413 RequestTooLarge (the contract's message for the chat bound)."""
+    error: Exception = (
+        contract.request_too_large_error()
+        if limit == contract.MAX_CHAT_BODY_BYTES
+        else HordeError(413, "RequestTooLarge", f"The request body is larger than {limit} bytes.")
+    )
+    return error
+
+
+async def read_bounded_body(request: Request, limit: int) -> bytes:
+    """The raw body, refused with 413 when above ``limit`` bytes.
+
+    A declared Content-Length above the limit is refused without reading; a body without one (chunked) is
+    read only up to one byte past the limit.
+    """
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            if int(declared) > limit:
+                raise request_too_large(limit)
+        except ValueError:
+            raise HordeError(400, "BadRequest", "Invalid Content-Length header.") from None
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise request_too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object; 400 BadRequest when it is not one (NUL bytes: NulByteInPayload)."""
+    try:
+        body = json.loads(raw or b"null")
+    except (ValueError, UnicodeDecodeError):
+        raise HordeError(
+            400, "BadRequest", "Input payload validation failed: the body is not valid JSON."
+        ) from None
+    if not isinstance(body, dict):
+        raise HordeError(
+            400, "BadRequest", "Input payload validation failed: the body has to be a JSON object."
+        )
+    if b"\\u0000" in raw:  # a raw NUL is already invalid JSON; an escaped one would reach the workers
+        raise HordeError(400, "NulByteInPayload", "The payload contains a NUL byte, which is not allowed.")
+    return body

@@ -1,0 +1,249 @@
+"""Chat routes: ``POST /v2/generate/chat/async``, ``GET/DELETE /v2/generate/chat/status/{id}``.
+
+Spec: chat-requests.md **Routes** (processing order), **Known models**, **Operation key**, **Admission flag**,
+**Rate limits**, **Request body**, **Context adjustments**, **Free output allowance**, **Completion signal**.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from horde_admission import contract, images, kudos, store
+from horde_admission.auth import Requester, authenticate, try_authenticate
+from horde_admission.availability import (
+    RequestNeeds,
+    cache_availability,
+    check_models,
+    refresh_availability,
+)
+from horde_admission.body import parse_json_object, read_bounded_body
+from horde_admission.checks import (
+    check_concurrency,
+    check_shared_key,
+    check_workers_exist,
+    client_agent,
+)
+from horde_admission.creation import create_or_refuse, free_allowance, horde_tax, needs_upfront
+from horde_admission.lifecycle import cancel_and_report, read_status_body
+from horde_admission.sizing import lower_max_length, size_context
+from horde_admission.state import get_state
+
+log = logging.getLogger(__name__)
+
+router = APIRouter()
+
+NO_WORKER_WARNING = (
+    "Warning: No available workers can fulfill this request. It will expire in 20 minutes. "
+    "Consider reducing the amount of tokens to generate."
+)
+
+
+def _repeated(claim: Any, fingerprint: str) -> JSONResponse:
+    """200 with the first request's ``{id, kudos}``, or 400 OperationKeyConflict for another fingerprint."""
+    if claim["operation_fingerprint"] != fingerprint:
+        raise contract.operation_key_conflict_error()
+    return JSONResponse(
+        status_code=200, content={"id": str(claim["id"]), "kudos": round(claim["kudos"] or 0)}
+    )
+
+
+def request_needs(
+    chat: contract.ChatRequest, requester: Requester, max_length: int, context: int
+) -> RequestNeeds:
+    """The GetAvailability request for a chat request at the given budgets."""
+    return RequestNeeds(
+        models=list(chat.models),
+        required_features=list(chat.required_features),
+        max_length=max_length,
+        max_context_length=context,
+        tools_temperature=chat.tools_temperature,
+        has_images=chat.image_count > 0,
+        only_worker_ids=list(chat.horde.only or []),
+        ignore_worker_ids=list(chat.horde.ignore or []),
+        trusted_workers=chat.horde.trusted_workers,
+        validated_backends=chat.horde.validated_backends,
+        slow_workers=chat.horde.slow_workers,
+        requester_user_id=requester.user_id,
+    )
+
+
+@router.post("/v2/generate/chat/async")
+async def chat_async(request: Request) -> JSONResponse:
+    """Queue a chat request.
+
+    Body: the native chat body (spec: Request body); header ``apikey``. 202 ``{id, kudos, message?,
+    warnings}``; 200 ``{id, kudos}`` for a repeated operation key; dry run 200 ``{kudos, ...}``.
+    Errors in route order: 429 rate limit, 413 RequestTooLarge, 400 contract refusals, 400
+    OperationKeyConflict, 503 ChatAdmissionDisabled, 401 InvalidAPIKey, 429 TooManyPrompts, 404
+    UnknownChatModel, 403 NoEligibleWorker, 400 PromptExceedsContext / TokenOverflow / range errors, 400
+    ChatKudosCapExceeded, 403 KudosUpfront.
+    """
+    state = get_state(request)
+    settings = state.settings
+    await state.limiter.check(request, "chat_async")
+    raw = await read_bounded_body(request, contract.MAX_CHAT_BODY_BYTES)
+    body = parse_json_object(raw)
+    chat = contract.parse_chat_request(body, defer_length_limits=True)
+    horde = chat.horde
+    apikey = request.headers.get("apikey")
+
+    requester: Requester | None = None
+    fingerprint: str | None = None
+    op_key = horde.operation_key if not horde.dry_run else None
+    if op_key:
+        fingerprint = contract.build_operation_fingerprint(chat)
+        async with state.pool.acquire() as conn:
+            requester = await try_authenticate(conn, apikey, settings.secret_key)
+            if requester is not None:
+                claim = await store.find_operation_claim(conn, requester.user_id, op_key)
+                if claim is not None:
+                    return _repeated(claim, fingerprint)
+
+    if not settings.chat_admission_enabled:
+        raise contract.chat_admission_disabled_error()
+    if requester is None:
+        async with state.pool.acquire() as conn:
+            requester = await authenticate(conn, apikey, settings.secret_key)
+    await check_workers_exist(state, list(horde.only or horde.ignore or []))
+    await check_concurrency(state, requester, chat.models)
+
+    # Known models and availability (steps 6-7), before sizing, any row and the tax.
+    requested_context = chat.max_context_length or contract.TEXT_DEFAULT_MAX_CONTEXT_LENGTH
+    needs = request_needs(chat, requester, chat.max_length, requested_context)
+    availability = await check_models(
+        state.worker_pool, needs, chat.model_key == "model", settings.availability_timeout_seconds
+    )
+    adjustments: list[dict[str, Any]] = []
+    max_length, lowered = lower_max_length(chat.max_length, availability.max_chat_length, horde.dry_run)
+    if lowered:
+        adjustments.append(lowered)
+
+    # Context sizing (step 8), then the final params check on the sized values.
+    sized = size_context(
+        chat.messages,
+        chat.tools,
+        max_length,
+        requested_context,
+        availability.max_chat_context_length,
+        horde.context_fit.value,
+    )
+    adjustments.extend(sized.adjustments)
+    params = dict(chat.text_params, max_length=sized.max_length)
+    if chat.max_context_length is not None or sized.max_context_length != requested_context:
+        params["max_context_length"] = sized.max_context_length
+    length_key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    params = contract.validate_chat_text_params(params, length_key=length_key)
+
+    if sized.max_length != chat.max_length or sized.max_context_length != requested_context:
+        # The sized request can differ from the one availability was measured for.
+        needs = request_needs(chat, requester, sized.max_length, sized.max_context_length)
+        availability = await refresh_availability(
+            state.worker_pool, needs, availability, settings.availability_timeout_seconds
+        )
+
+    estimate = kudos.quote_request(
+        chat.models, sized.max_length, sized.max_context_length, 1, horde_tax(settings, chat.image_count)
+    )
+    if horde.max_kudos is not None and estimate > horde.max_kudos:
+        raise contract.kudos_cap_exceeded_error(estimate, horde.max_kudos)
+    parts = images.image_parts(sized.messages)
+    jpegs = (
+        await images.load_chat_images(
+            parts, trusted=requester.trusted or requester.patron, dry_run=horde.dry_run, fetcher=state.fetcher
+        )
+        if parts
+        else []
+    )
+    if horde.dry_run:
+        return JSONResponse(
+            status_code=200,
+            content={
+                "kudos": estimate,
+                "estimated_prompt_tokens": sized.prompt_tokens,
+                "resolved": {
+                    "max_length": sized.max_length,
+                    "max_context_length": sized.max_context_length,
+                    "context_fit": "reject" if horde.context_fit.value == "reject" else "grow",
+                },
+                "context_adjustments": adjustments or None,
+            },
+        )
+
+    check_shared_key(requester, sized.max_length, estimate, availability)
+    allowance = await free_allowance(state, list(chat.models), availability, requester, chat=True)
+    lists_workers = bool(horde.only or horde.ignore)
+    needs_hold = needs_upfront(settings, sized.max_length, allowance, horde.slow_workers, lists_workers)
+    hold = kudos.hold_amount(list(chat.models), sized.max_length) if needs_hold else 0.0
+    request_uuid = uuid.uuid4()
+    # The row holds horde-r2:// references, never image bytes or the submitted URL.
+    messages = images.reference_images(sized.messages, parts, request_uuid) if parts else sized.messages
+    new = store.NewRequest(
+        id=request_uuid,
+        user_id=requester.user_id,
+        is_chat=True,
+        prompt=contract.flatten_messages(messages, chat.tools),
+        submitted_prompt=contract.flatten_messages(chat.messages, chat.tools),
+        params=params,
+        models=list(chat.models),
+        max_length=sized.max_length,
+        max_context_length=sized.max_context_length,
+        messages=messages,
+        trusted_workers=horde.trusted_workers,
+        validated_backends=horde.validated_backends,
+        slow_workers=horde.slow_workers,
+        worker_ids=list(horde.only or horde.ignore or []),
+        worker_blacklist=horde.ignore is not None,
+        shared_key_id=requester.shared_key_id,
+        client_agent=client_agent(request),
+        ipaddr=request.client.host if request.client else None,
+        operation_key=op_key,
+        operation_fingerprint=fingerprint,
+        context_adjustments=adjustments or None,
+        chat_extras=chat.chat_extras,
+        chat_required_features=list(chat.required_features),
+        chat_conformance=chat.conformance.value,
+        chat_tools_temperature=chat.tools_temperature,
+        kudos_estimate=float(estimate),
+        tax=horde_tax(settings, chat.image_count),
+        flagged_user=requester.flagged,
+        stream_progress=chat.stream,
+        has_images=chat.image_count > 0,
+        ttl_seconds=settings.request_ttl_seconds,
+    )
+    try:
+        request_id = await create_or_refuse(
+            state, new, hold, allowance, availability, requester, chat.max_length, jpegs
+        )
+    except store.OperationKeyRace:
+        assert op_key is not None and fingerprint is not None
+        async with state.pool.acquire() as conn:
+            claim = await store.find_operation_claim(conn, requester.user_id, op_key)
+        if claim is None:  # the winner vanished (expired) between the race and the lookup
+            raise contract.operation_key_conflict_error() from None
+        return _repeated(claim, fingerprint)
+    await cache_availability(state.redis, str(request_id), availability, settings.availability_cache_seconds)
+    accepted: dict[str, Any] = {"id": str(request_id), "kudos": estimate, "warnings": []}
+    if availability.eligible_workers == 0:
+        accepted["message"] = NO_WORKER_WARNING
+    return JSONResponse(status_code=202, content=accepted)
+
+
+@router.get("/v2/generate/chat/status/{request_id}")
+async def chat_status(request_id: str, request: Request) -> JSONResponse:
+    """The chat request's full status with each finished generation's structured reply.
+
+    404 RequestNotFound for an unknown id and for a text request's id.
+    """
+    return JSONResponse(await read_status_body(get_state(request), request_id, is_chat=True))
+
+
+@router.delete("/v2/generate/chat/status/{request_id}")
+async def chat_cancel(request_id: str, request: Request) -> JSONResponse:
+    """Cancel the chat request (n = 0; in-flight jobs finish, streamed ones are settled) and return its
+    status after the cancel. Publishes ``cancelled`` on the completion signal when this call claimed it."""
+    return JSONResponse(await cancel_and_report(get_state(request), request_id, is_chat=True))

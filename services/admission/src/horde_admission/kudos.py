@@ -1,0 +1,119 @@
+"""Kudos at admission: the quote, the free output allowance and whether a hold is needed.
+
+Spec: chat-requests.md **Free output allowance**, **Pricing** (quote from the first listed model, upfront
+checks at the highest multiplier), **Request body** (horde.max_kudos); text path §4 (quote formula), §5 (hold
+amount, KudosUpfront). The text model reference is empty for now, so every model prices at the default
+multiplier (1).
+"""
+
+from __future__ import annotations
+
+import math
+
+from horde_core.errors import HordeError
+from horde_core.metrics import counter, histogram
+
+from horde_admission.settings import AdmissionSettings
+
+FREE_ALLOWANCE_DECISIONS = counter(
+    "horde.text.free_allowance.decisions",
+    "Request creations by free output allowance outcome",
+    ["horde.requester", "horde.outcome", "horde.requested_bucket", "horde.allowance_bucket", "horde.chat"],
+)
+FREE_ALLOWANCE_WAIT = histogram(
+    "horde.text.free_allowance.estimated_wait_seconds",
+    "The queue wait the free output allowance was sized by",
+    ["horde.chat", "horde.requester"],
+)
+
+
+def model_multiplier(model: str | None) -> float:
+    """``parameters / 1e9`` of a known text model, else 1 (get_text_model_multiplier; reference empty)."""
+    return 1.0
+
+
+def context_multiplier(max_context_length: int) -> float:
+    """``clamp(1.2 + 2.2^log2(ctx/1024), 0.1, 30)`` (text path §4, the quote's context factor)."""
+    value = 1.2 + float(2.2 ** math.log2(max(max_context_length, 1) / 1024))
+    return min(max(value, 0.1), 30.0)
+
+
+def quote_generation(models: list[str], max_length: int, max_context_length: int) -> float:
+    """TextWaitingPrompt.calculate_kudos: the kudos of one generation at the full max_length.
+
+    Priced at the first listed model (the default multiplier when it is unknown, never a 500).
+    """
+    ctx = context_multiplier(max_context_length)
+    if not models:
+        return round(max_length * 13 * ctx / 100, 2)
+    p = model_multiplier(models[0])
+    bonus = float((max(p, 13) / 13) ** 0.2)
+    return round(max_length * bonus * p * ctx / 100, 2)
+
+
+def quote_request(
+    models: list[str], max_length: int, max_context_length: int, n: int = 1, tax: float = 1.0
+) -> int:
+    """The request's kudos estimate, as a dry run returns it: ``round((gen + 1) * n + tax)``."""
+    return round((quote_generation(models, max_length, max_context_length) + 1) * n + tax)
+
+
+def hold_amount(models: list[str], max_length: int, n: int = 1) -> float:
+    """The upfront hold: ``round(max_length * maxP / 21, 2) * n`` (20 per job without models)."""
+    if not models:
+        return 20.0 * n
+    max_p = max(model_multiplier(m) for m in models)
+    return round(max_length * max_p / 21, 2) * n
+
+
+def estimated_wait_seconds(
+    competing_tokens: float, competing_jobs: int, eligible_threads: int, tokens_per_second: float
+) -> float | None:
+    """``competing_tokens / (tps * min(jobs, threads) / threads)``; None without eligible threads."""
+    if eligible_threads <= 0 or tokens_per_second <= 0:
+        return None
+    if competing_jobs <= 0 or competing_tokens <= 0:
+        return 0.0
+    busy = min(competing_jobs, eligible_threads) / eligible_threads
+    return competing_tokens / (tokens_per_second * busy)
+
+
+def free_output_allowance(settings: AdmissionSettings, wait: float | None) -> int:
+    """The free output allowance for a request whose estimated wait is ``wait`` (None: no eligible worker)."""
+    ceiling, floor = settings.text_free_output_ceiling, settings.text_free_output_floor
+    full, floor_wait = (
+        settings.text_free_output_wait_full_seconds,
+        settings.text_free_output_wait_floor_seconds,
+    )
+    if wait is None or wait >= floor_wait:
+        return floor
+    if wait <= full:
+        return ceiling
+    return round(ceiling - (ceiling - floor) * (wait - full) / (floor_wait - full))
+
+
+def kudos_upfront_error(allowance: int, amount: float) -> HordeError:
+    """403 KudosUpfront; the message states the allowance (text path §5 wording)."""
+    return HordeError(
+        403,
+        "KudosUpfront",
+        f"Due to heavy demand, for requests over {allowance} tokens, the client needs to already have the "
+        f"required kudos. This request requires {amount:g} kudos to fulfil.",
+    )
+
+
+def no_eligible_worker_for_kudos(impossible_reason: dict[str, object] | None) -> HordeError:
+    """403 NoEligibleWorker in place of a kudos refusal when no online worker can serve the request."""
+    message = "No online worker can serve this request"
+    if impossible_reason is None:
+        return HordeError(403, "NoEligibleWorker", message + ".")
+    parts = []
+    missing = list(impossible_reason.get("missing_declarations") or [])  # type: ignore[call-overload]
+    exceeded = list(impossible_reason.get("exceeded_limits") or [])  # type: ignore[call-overload]
+    if missing:
+        parts.append("no online worker serving the model declares " + ", ".join(str(m) for m in missing))
+    for limit in exceeded:
+        parts.append(f"the request exceeds the {limit} limit of every online worker serving the model")
+    return HordeError(
+        403, "NoEligibleWorker", message + ": " + "; ".join(parts) + ".", impossible_reason=impossible_reason
+    )

@@ -1,0 +1,40 @@
+"""The process-wide handles a request handler needs, built by the app's lifespan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from fastapi import Request
+
+if TYPE_CHECKING:
+    import asyncpg
+    import grpc
+    from redis.asyncio import Redis
+
+    from horde_admission.images import ImageFetcher, ImageStore
+    from horde_admission.ratelimit import RateLimiter
+    from horde_admission.settings import AdmissionSettings
+
+
+@dataclass
+class AdmissionState:
+    """Stores and clients shared by every handler of one process (no request state lives here)."""
+
+    settings: AdmissionSettings
+    pool: asyncpg.Pool
+    redis: Redis
+    signals: Redis
+    dispatch_channel: grpc.aio.Channel
+    worker_pool: Any  # horde.dispatch.v1.worker_pool_pb2_grpc.WorkerPoolServiceStub
+    submit_channel: grpc.aio.Channel
+    settlement: Any  # horde.submit.v1.settlement_pb2_grpc.SettlementServiceStub
+    limiter: RateLimiter
+    fetcher: ImageFetcher
+    images: ImageStore
+
+
+def get_state(request: Request) -> AdmissionState:
+    """The :class:`AdmissionState` of the app serving ``request``."""
+    state: AdmissionState = request.app.state.admission
+    return state

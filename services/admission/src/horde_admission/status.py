@@ -1,0 +1,126 @@
+"""The status body of a chat or text request (text path §2; spec: Structured submit's done rule, Pricing,
+Impossible reason, Context adjustments, Refusal record)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+
+from horde_admission import store
+from horde_admission.availability import Availability
+from horde_admission.kudos import estimated_wait_seconds
+from horde_admission.store import Conn
+
+
+def _uuid(value: Any) -> str | None:
+    return str(value) if value is not None else None
+
+
+def counts(head: asyncpg.Record) -> dict[str, Any]:
+    """finished, processing, restarted, waiting and done from the status head.
+
+    done: faulted, or nothing waiting or processing and either every requested result stored or the rest
+    cancelled (so a cancelled request with nothing in flight is done, with or without a generation).
+    """
+    finished, processing, restarted = int(head["finished"]), int(head["processing"]), int(head["restarted"])
+    jobs, n = int(head["jobs"]), max(int(head["n"]), 0)
+    waiting = max(0, min(n, jobs - processing - finished))
+    faulted = bool(head["faulted"])
+    done = faulted or (waiting == 0 and processing == 0 and (finished >= jobs or bool(head["cancelled"])))
+    return {
+        "finished": finished,
+        "processing": processing,
+        "restarted": restarted,
+        "waiting": waiting,
+        "done": done,
+        "faulted": faulted,
+    }
+
+
+def chat_generation(row: asyncpg.Record) -> dict[str, Any]:
+    """One finished chat generation with its structured reply (spec: Pricing, last paragraph)."""
+    wait = row["queue_wait_seconds"]
+    return {
+        "id": _uuid(row["id"]),
+        "worker_id": _uuid(row["worker_id"]),
+        "worker_name": row["worker_name"],
+        "model": row["model"],
+        "state": row["state"] or "ok",
+        "text": row["generation"],
+        "message": row["message"],
+        "finish_reason": row["finish_reason"],
+        "native_finish_reason": row["native_finish_reason"],
+        "prompt_tokens": row["prompt_tokens"],
+        "completion_tokens": row["completion_tokens"],
+        "reasoning_tokens": row["reasoning_tokens"],
+        "charge_basis": row["charge_basis"],
+        "queue_wait_seconds": round(float(wait), 3) if wait is not None else None,
+    }
+
+
+def text_generation(row: asyncpg.Record) -> dict[str, Any]:
+    """One finished text generation (text path §2: text, seed, worker, model, state, gen_metadata)."""
+    return {
+        "text": row["generation"],
+        "seed": row["seed"] or 0,
+        "worker_id": _uuid(row["worker_id"]),
+        "worker_name": row["worker_name"],
+        "model": row["model"],
+        "state": row["state"] or "ok",
+        "gen_metadata": row["gen_metadata"] or [],
+    }
+
+
+async def build_status(
+    conn: Conn,
+    head: asyncpg.Record,
+    gens: list[asyncpg.Record],
+    is_chat: bool,
+    availability: Availability | None,
+) -> dict[str, Any]:
+    """The full status body from the status head and finished generations (:func:`store.read_status`).
+
+    ``availability`` is the request's availability (cached up to 60 s); None leaves is_possible true and the
+    chat availability fields null. One more query reads the queue position and the work ahead.
+    """
+    request_id = head["id"]
+    body = counts(head)
+    models = list(head["models"] or [])
+    queue_position, wait_time = 0, 0
+    if int(head["n"]) > 0 and not body["faulted"]:
+        position, tokens, jobs = await store.queue_ahead(conn, request_id, models)
+        queue_position = position
+        if availability is not None:
+            wait = estimated_wait_seconds(
+                tokens, jobs, availability.eligible_threads, availability.tokens_per_second
+            )
+            wait_time = round(wait) if wait is not None else 0
+    eligible = availability.eligible_workers if availability is not None else None
+    body.update(
+        {
+            "queue_position": queue_position,
+            "wait_time": wait_time,
+            "kudos": round(float(head["consumed_kudos"] or 0)),
+            "is_possible": body["processing"] > 0 or eligible is None or eligible > 0,
+        }
+    )
+    if is_chat:
+        impossible = None
+        if availability is not None and body["processing"] == 0 and not body["done"]:
+            impossible = availability.impossible_reason()
+        body.update(
+            {
+                "eligible_worker_threads": availability.eligible_threads
+                if availability is not None
+                else None,
+                "impossible_reason": impossible,
+                "context_adjustments": head["context_adjustments"],
+                "fault_reason": head["chat_fault_reason"] if body["faulted"] else None,
+                "fault_rc": head["chat_fault_rc"] if body["faulted"] else None,
+                "generations": [chat_generation(g) for g in gens],
+            }
+        )
+    else:
+        body["generations"] = [text_generation(g) for g in gens]
+    return body

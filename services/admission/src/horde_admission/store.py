@@ -1,0 +1,412 @@
+"""Admission's SQL: the request rows it creates, and the status and cancel reads (asyncpg, few round trips).
+
+Spec: chat-requests.md **Routes**, **Operation key**, **Structured submit** (the done rule), **Free output
+allowance**; text path §2 (status fields), §5 (concurrency, holds, priority, tax). Every read filters on
+``is_chat`` so the chat and text route families never see each other's rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+from asyncpg.pool import PoolConnectionProxy
+
+#: A connection or a pool's proxy of one (what ``pool.acquire()`` yields).
+Conn = asyncpg.Connection | PoolConnectionProxy
+
+
+class OperationKeyRace(Exception):
+    """Another submission claimed the same (user, operation_key) first; this one rolled back."""
+
+
+class HoldRefused(Exception):
+    """The requester cannot cover the upfront hold."""
+
+
+@dataclass
+class NewRequest:
+    """A request row to create (waiting_prompts), already validated, sized and priced."""
+
+    id: uuid.UUID
+    user_id: int
+    is_chat: bool
+    prompt: str
+    params: dict[str, Any]
+    models: list[str]
+    max_length: int
+    max_context_length: int
+    n: int = 1
+    messages: list[dict[str, Any]] | None = None
+    submitted_prompt: str | None = None
+    trusted_workers: bool = False
+    validated_backends: bool = False
+    slow_workers: bool = True
+    worker_ids: list[str] = field(default_factory=list)
+    worker_blacklist: bool = False
+    shared_key_id: str | None = None
+    client_agent: str = "unknown:0:unknown"
+    ipaddr: str | None = None
+    operation_key: str | None = None
+    operation_fingerprint: str | None = None
+    context_adjustments: list[dict[str, Any]] | None = None
+    chat_extras: dict[str, Any] | None = None
+    chat_required_features: list[str] | None = None
+    chat_conformance: str = "strict"
+    chat_tools_temperature: float | None = None
+    kudos_estimate: float = 0.0
+    tax: float = 1.0
+    flagged_user: bool = False
+    ttl_seconds: int = 1200
+    stream_progress: bool = False
+    has_images: bool = False
+
+
+async def find_operation_claim(conn: Conn, user_id: int, operation_key: str) -> asyncpg.Record | None:
+    """The request holding ``(user_id, operation_key)``: ``{id, operation_fingerprint, kudos}`` or None."""
+    return await conn.fetchrow(
+        """
+        SELECT id, operation_fingerprint, kudos
+        FROM waiting_prompts
+        WHERE user_id = $1 AND operation_key = $2::uuid
+        """,
+        user_id,
+        operation_key,
+    )
+
+
+async def count_concurrent(conn: Conn, user_id: int, anonymous: bool, models: list[str]) -> int:
+    """Σn over the user's unfaulted requests with n ≥ 1; for anonymous, active ones listing a requested model."""
+    if anonymous:
+        value = await conn.fetchval(
+            """
+            SELECT coalesce(sum(n), 0) FROM waiting_prompts
+            WHERE user_id = $1 AND NOT faulted AND n >= 1 AND active AND models && $2::text[]
+            """,
+            user_id,
+            models,
+        )
+    else:
+        value = await conn.fetchval(
+            "SELECT coalesce(sum(n), 0) FROM waiting_prompts WHERE user_id = $1 AND NOT faulted AND n >= 1",
+            user_id,
+        )
+    return int(value)
+
+
+async def competing_queue(conn: Conn, models: list[str]) -> tuple[int, int]:
+    """Outstanding tokens and generations of the queued requests sharing a model with ``models``.
+
+    Simplified competition: a shared model stands for "an eligible worker could take it" (spec: Free output
+    allowance).
+    """
+    row = await conn.fetchrow(
+        """
+        SELECT coalesce(sum(max_length * n), 0) AS tokens, coalesce(sum(n), 0) AS jobs
+        FROM waiting_prompts
+        WHERE active AND NOT faulted AND n > 0 AND expiry > now()
+          AND (cardinality($1::text[]) = 0 OR cardinality(models) = 0 OR models && $1::text[])
+        """,
+        models,
+    )
+    assert row is not None
+    return int(row["tokens"]), int(row["jobs"])
+
+
+async def queue_ahead(conn: Conn, request_id: uuid.UUID, models: list[str]) -> tuple[int, int, int]:
+    """``(queue_position, tokens, jobs)`` of the queued requests sharing a model, up to and including this one.
+
+    Queue order is ``extra_priority DESC, created ASC`` (text path §3); the position counts from 1.
+    """
+    row = await conn.fetchrow(
+        """
+        WITH me AS (SELECT extra_priority, created FROM waiting_prompts WHERE id = $1)
+        SELECT count(*) AS position, coalesce(sum(w.max_length * w.n), 0) AS tokens, coalesce(sum(w.n), 0) AS jobs
+        FROM waiting_prompts w, me
+        WHERE w.active AND NOT w.faulted AND w.n > 0 AND w.expiry > now()
+          AND (cardinality($2::text[]) = 0 OR cardinality(w.models) = 0 OR w.models && $2::text[])
+          AND (w.extra_priority > me.extra_priority
+               OR (w.extra_priority = me.extra_priority AND w.created <= me.created))
+        """,
+        request_id,
+        models,
+    )
+    assert row is not None
+    return int(row["position"]), int(row["tokens"]), int(row["jobs"])
+
+
+async def available_balance(conn: Conn, user_id: int) -> float:
+    """The user's kudos minus their floor and active holds, with the user row locked (inside a transaction)."""
+    value = await conn.fetchval(
+        """
+        SELECT u.kudos - u.min_kudos
+               - coalesce((SELECT sum(h.amount) FROM kudos_holds h WHERE h.user_id = u.id), 0)
+        FROM users u WHERE u.id = $1 FOR UPDATE
+        """,
+        user_id,
+    )
+    return float(value or 0)
+
+
+_INSERT_REQUEST = """
+WITH taxed AS (
+    UPDATE users SET kudos = kudos - $28::float8 WHERE id = $2
+    RETURNING kudos + $28::float8 AS kudos_before
+), wp AS (
+    INSERT INTO waiting_prompts (
+        id, user_id, is_chat, prompt, params, models, max_length, n, jobs, active, faulted, expiry, created,
+        extra_priority, consumed_kudos, kudos, messages, submitted_prompt, trusted_workers, validated_backends,
+        slow_workers, workers, worker_blacklist, shared_key_id, client_agent, ipaddr, operation_key,
+        operation_fingerprint, context_adjustments, chat_extras, chat_required_features, chat_conformance,
+        chat_tools_temperature, max_context_length, stream_progress, has_images
+    )
+    SELECT $1, $2, $3, $4, $5::jsonb, $6::text[], $7, $8, $8, $34::boolean, false,
+           now() + make_interval(secs => $29::float8), now(),
+           CASE WHEN $30::boolean THEN (CASE WHEN t.kudos_before > 10 THEN round(t.kudos_before / 1000) ELSE -100 END)
+                ELSE round(t.kudos_before) END,
+           $28::float8, $9, $10::jsonb, $11, $12, $13, $14, $15::uuid[], $16, $17::uuid, $18, $19, $20::uuid,
+           $21, $22::jsonb, $23::jsonb, $24::text[], $25, $26, $27, $32, $33
+    FROM taxed t
+    RETURNING id
+), hold AS (
+    INSERT INTO kudos_holds (wp_id, user_id, shared_key_id, amount)
+    SELECT wp.id, $2, $17::uuid, $31::float8 FROM wp WHERE $31::float8 > 0
+    RETURNING wp_id
+), shared AS (
+    UPDATE user_shared_keys
+    SET kudos = CASE WHEN kudos < 0 THEN kudos ELSE greatest(kudos - $28::float8, 0) END, utilized = utilized + $28::float8
+    WHERE id = $17::uuid AND EXISTS (SELECT 1 FROM wp)
+    RETURNING id
+)
+SELECT (SELECT id FROM wp) AS id
+"""
+
+
+async def create_request(conn: Conn, req: NewRequest, hold: float, *, active: bool = True) -> uuid.UUID:
+    """Create and activate a request in one transaction: the row, the upfront hold, the horde tax.
+
+    ``hold`` is the upfront amount (0: none); the requester must cover it or :class:`HoldRefused` is raised.
+    Extra priority is the user's kudos (flagged users: ``round(kudos/1000)`` above 10 kudos, else -100).
+    Raises :class:`OperationKeyRace` when the (user, operation_key) unique index refuses the row.
+
+    ``active=False`` writes the inactive row only (no tax, hold or operation key): a request with images
+    stores them between the row and :func:`activate_request`.
+    """
+    if not active:
+        req = dataclasses.replace(req, tax=0.0, operation_key=None)
+        hold = 0.0
+    try:
+        async with conn.transaction():
+            if hold > 0 and await available_balance(conn, req.user_id) < hold:
+                raise HoldRefused()
+            created = await conn.fetchval(
+                _INSERT_REQUEST,
+                req.id,
+                req.user_id,
+                req.is_chat,
+                req.prompt,
+                req.params,
+                req.models,
+                req.max_length,
+                req.n,
+                req.kudos_estimate,
+                req.messages,
+                req.submitted_prompt,
+                req.trusted_workers,
+                req.validated_backends,
+                req.slow_workers,
+                req.worker_ids,
+                req.worker_blacklist,
+                req.shared_key_id,
+                req.client_agent,
+                req.ipaddr,
+                req.operation_key,
+                req.operation_fingerprint,
+                req.context_adjustments,
+                req.chat_extras,
+                req.chat_required_features,
+                req.chat_conformance,
+                req.chat_tools_temperature,
+                req.max_context_length,
+                req.tax,
+                float(req.ttl_seconds),
+                req.flagged_user,
+                hold,
+                req.stream_progress,
+                req.has_images,
+                active,
+            )
+    except asyncpg.UniqueViolationError as exc:
+        if req.operation_key and "operation_key" in str(exc.constraint_name or exc):
+            raise OperationKeyRace() from None
+        raise
+    if created is None:
+        raise RuntimeError(f"user {req.user_id} vanished while creating a request")
+    return uuid.UUID(str(created))
+
+
+_ACTIVATE_REQUEST = """
+WITH taxed AS (
+    UPDATE users SET kudos = kudos - $3::float8 WHERE id = $2
+    RETURNING kudos + $3::float8 AS kudos_before
+), wp AS (
+    UPDATE waiting_prompts w
+    SET active = true, operation_key = $4::uuid, operation_fingerprint = $5, consumed_kudos = consumed_kudos + $3::float8,
+        extra_priority = CASE WHEN $6::boolean
+                              THEN (CASE WHEN t.kudos_before > 10 THEN round(t.kudos_before / 1000) ELSE -100 END)
+                              ELSE round(t.kudos_before) END,
+        expiry = greatest(w.expiry, now() + make_interval(secs => $7::float8))
+    FROM taxed t
+    WHERE w.id = $1 AND NOT w.active
+    RETURNING w.id, w.shared_key_id
+), hold AS (
+    INSERT INTO kudos_holds (wp_id, user_id, shared_key_id, amount)
+    SELECT wp.id, $2, wp.shared_key_id, $8::float8 FROM wp WHERE $8::float8 > 0
+    RETURNING wp_id
+), shared AS (
+    UPDATE user_shared_keys k
+    SET kudos = CASE WHEN k.kudos < 0 THEN k.kudos ELSE greatest(k.kudos - $3::float8, 0) END,
+        utilized = k.utilized + $3::float8
+    FROM wp WHERE k.id = wp.shared_key_id
+    RETURNING k.id
+)
+SELECT (SELECT id FROM wp) AS id
+"""
+
+
+async def activate_request(conn: Conn, req: NewRequest, hold: float) -> None:
+    """Activate an inactive request (:func:`create_request` with ``active=False``): hold, tax, priority and
+    the operation key claim in one transaction. Raises :class:`HoldRefused` or :class:`OperationKeyRace`."""
+    try:
+        async with conn.transaction():
+            if hold > 0 and await available_balance(conn, req.user_id) < hold:
+                raise HoldRefused()
+            await conn.fetchval(
+                _ACTIVATE_REQUEST,
+                req.id,
+                req.user_id,
+                req.tax,
+                req.operation_key,
+                req.operation_fingerprint,
+                req.flagged_user,
+                float(req.ttl_seconds),
+                hold,
+            )
+    except asyncpg.UniqueViolationError as exc:
+        if req.operation_key and "operation_key" in str(exc.constraint_name or exc):
+            raise OperationKeyRace() from None
+        raise
+
+
+async def delete_request(conn: Conn, request_id: uuid.UUID) -> None:
+    """Delete a request row that failed before activation (its hold cascades)."""
+    await conn.execute("DELETE FROM waiting_prompts WHERE id = $1", request_id)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Status and cancel
+# ---------------------------------------------------------------------------------------------------------
+
+_STATUS_HEAD = """
+SELECT w.id, w.user_id, w.n, w.jobs, w.active, w.faulted, w.cancelled, w.consumed_kudos, w.models, w.max_length,
+       w.max_context_length, w.chat_required_features, w.chat_tools_temperature, w.chat_extras,
+       w.context_adjustments, w.chat_fault_reason, w.chat_fault_rc, w.created, w.extra_priority,
+       w.trusted_workers, w.validated_backends, w.slow_workers, w.workers, w.worker_blacklist,
+       w.has_images, w.max_length,
+       coalesce(g.finished, 0) AS finished, coalesce(g.processing, 0) AS processing,
+       coalesce(g.restarted, 0) AS restarted
+FROM waiting_prompts w
+LEFT JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE NOT p.fake AND NOT p.faulted AND p.generation IS NOT NULL) AS finished,
+           count(*) FILTER (WHERE NOT p.fake AND NOT p.faulted AND p.generation IS NULL) AS processing,
+           count(*) FILTER (WHERE p.faulted) AS restarted
+    FROM processing_gens p WHERE p.wp_id = w.id
+) g ON true
+WHERE w.id = $1 AND w.is_chat = $2
+"""
+
+_GENERATIONS = """
+SELECT p.id, p.worker_id, wk.name AS worker_name, p.model, p.state, p.generation, p.message, p.finish_reason,
+       p.native_finish_reason, p.prompt_tokens, p.completion_tokens, p.reasoning_tokens, p.charge_basis,
+       p.seed, p.gen_metadata, extract(epoch FROM p.created - w.created) AS queue_wait_seconds
+FROM processing_gens p
+JOIN waiting_prompts w ON w.id = p.wp_id
+LEFT JOIN workers wk ON wk.id = p.worker_id
+WHERE p.wp_id = $1 AND NOT p.fake AND NOT p.faulted AND p.generation IS NOT NULL
+ORDER BY p.created
+"""
+
+
+async def read_status(
+    conn: Conn, request_id: uuid.UUID, is_chat: bool
+) -> tuple[asyncpg.Record, list[asyncpg.Record]] | None:
+    """The request's head (counts, flags, fault details) in one statement, then its finished generations."""
+    head = await conn.fetchrow(_STATUS_HEAD, request_id, is_chat)
+    if head is None:
+        return None
+    gens = await conn.fetch(_GENERATIONS, request_id) if head["finished"] else []
+    return head, gens
+
+
+async def cancel_request(conn: Conn, request_id: uuid.UUID, is_chat: bool) -> bool | None:
+    """Claim the cancellation: ``n = 0``, ``cancelled = true``. None when the row does not exist.
+
+    Returns True when this call claimed it (the row was not cancelled yet). The upfront hold is released when
+    nothing is in flight, since the request is then done.
+    """
+    async with conn.transaction():
+        row = await conn.fetchrow(
+            """
+            WITH target AS (
+                SELECT id, cancelled FROM waiting_prompts WHERE id = $1 AND is_chat = $2 FOR UPDATE
+            ), upd AS (
+                UPDATE waiting_prompts w SET n = 0, cancelled = true
+                FROM target t WHERE w.id = t.id AND NOT t.cancelled
+                RETURNING w.id
+            )
+            SELECT t.id, (SELECT count(*) FROM upd) > 0 AS claimed FROM target t
+            """,
+            request_id,
+            is_chat,
+        )
+        if row is None:
+            return None
+        if row["claimed"]:
+            await conn.execute(
+                """
+                DELETE FROM kudos_holds h WHERE h.wp_id = $1 AND NOT EXISTS (
+                    SELECT 1 FROM processing_gens p
+                    WHERE p.wp_id = $1 AND NOT p.faulted AND p.generation IS NULL
+                )
+                """,
+                request_id,
+            )
+        return bool(row["claimed"])
+
+
+async def streamed_in_flight(conn: Conn, request_id: uuid.UUID) -> list[uuid.UUID]:
+    """Ids of a streamed request's generations still in flight (not faulted, no result, not fake)."""
+    rows = await conn.fetch(
+        """
+        SELECT p.id FROM processing_gens p JOIN waiting_prompts w ON w.id = p.wp_id
+        WHERE p.wp_id = $1 AND NOT p.faulted AND p.generation IS NULL AND NOT p.fake
+          AND w.stream_progress
+        """,
+        request_id,
+    )
+    return [r["id"] for r in rows]
+
+
+async def count_results(conn: Conn, request_id: uuid.UUID) -> int:
+    """Generations with a stored result (the completion signal's ``generations``)."""
+    value = await conn.fetchval(
+        """
+        SELECT count(*) FROM processing_gens
+        WHERE wp_id = $1 AND NOT faulted AND NOT fake AND generation IS NOT NULL
+        """,
+        request_id,
+    )
+    return int(value or 0)

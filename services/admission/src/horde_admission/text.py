@@ -1,0 +1,202 @@
+"""Legacy text routes: ``POST /v2/generate/text/async``, ``GET/DELETE /v2/generate/text/status/{id}``.
+
+Text path §1 (body, processing order, response) and §2 (status, cancel); the decisions of §14 (max_length
+16–16384, real kudos estimate in the response, a cancelled request with nothing in flight is done).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from horde_core.errors import HordeError
+
+from horde_admission import contract, kudos, store
+from horde_admission.auth import Requester, authenticate
+from horde_admission.availability import Availability, RequestNeeds, get_availability
+from horde_admission.body import parse_json_object, read_bounded_body
+from horde_admission.chat import NO_WORKER_WARNING
+from horde_admission.checks import check_concurrency, check_workers_exist, client_agent
+from horde_admission.creation import free_allowance, horde_tax, needs_upfront
+from horde_admission.lifecycle import cancel_and_report, read_status_body
+from horde_admission.sizing import size_bucket
+from horde_admission.state import AdmissionState, get_state
+
+router = APIRouter()
+
+MAX_TEXT_WORKERS = 5
+_BOOL_KEYS = (
+    "worker_blacklist",
+    "trusted_workers",
+    "validated_backends",
+    "slow_workers",
+    "dry_run",
+    "allow_downgrade",
+)
+
+
+def _bad(field: str, text: str) -> HordeError:
+    return HordeError(400, "BadRequest", f"Input payload validation failed: {field}: {text}")
+
+
+def parse_text_body(body: dict[str, Any]) -> dict[str, Any]:
+    """Validate the text async body (text path §1); returns the values the route uses.
+
+    400 MissingPrompt for an empty prompt, 400 InvalidExtraSourceImages. for extra_source_images, 400
+    BadRequest for wrong types and for params outside the text params model (parse_text_params, with the
+    TokenOverflow, MissingFullSamplerOrder, TooManyStopSequences and ExcessiveStopSequence checks).
+    """
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise _bad("prompt", "'prompt' is a required property")
+    if not isinstance(prompt, str):
+        raise _bad("prompt", "has to be a string")
+    if body.get("extra_source_images") is not None:
+        raise HordeError(
+            400, "InvalidExtraSourceImages.", "Extra source images are not supported on text requests."
+        )
+    models = body.get("models") or []
+    if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
+        raise _bad("models", "has to be an array of strings")
+    workers = body.get("workers") or []
+    if not isinstance(workers, list) or not all(isinstance(w, str) for w in workers):
+        raise _bad("workers", "has to be an array of worker ids")
+    values: dict[str, Any] = {"prompt": prompt, "models": models, "workers": workers[:MAX_TEXT_WORKERS]}
+    for key in _BOOL_KEYS:
+        value = body.get(key)
+        if value is not None and not isinstance(value, bool):
+            raise _bad(key, "has to be a boolean")
+        values[key] = value if value is not None else key == "slow_workers"
+    params = body.get("params") or {}
+    values["params"] = contract.parse_text_params(params)
+    return values
+
+
+async def text_availability(
+    state: AdmissionState, values: dict[str, Any], requester: Requester
+) -> Availability | None:
+    """Availability of the listed models' online workers; None without models or when dispatch is down.
+
+    Simplified: WorkerPool answers for chat workers, which stand in for the text pool here.
+    """
+    if not values["models"]:
+        return None
+    params = values["params"]
+    needs = RequestNeeds(
+        models=values["models"],
+        max_length=params.get("max_length", contract.TEXT_DEFAULT_MAX_LENGTH),
+        max_context_length=params.get("max_context_length", contract.TEXT_DEFAULT_MAX_CONTEXT_LENGTH),
+        only_worker_ids=[] if values["worker_blacklist"] else values["workers"],
+        ignore_worker_ids=values["workers"] if values["worker_blacklist"] else [],
+        trusted_workers=values["trusted_workers"],
+        validated_backends=values["validated_backends"],
+        slow_workers=values["slow_workers"],
+        requester_user_id=requester.user_id,
+    )
+    try:
+        return await get_availability(state.worker_pool, needs, state.settings.availability_timeout_seconds)
+    except HordeError:
+        return None
+
+
+@router.post("/v2/generate/text/async")
+async def text_async(request: Request) -> JSONResponse:
+    """Queue a legacy text request.
+
+    Body: ``{prompt, params?, models?, workers?, worker_blacklist?, trusted_workers?, validated_backends?,
+    slow_workers?, dry_run?, allow_downgrade?}``; header ``apikey``. 202 ``{id, kudos, message?}``; dry run
+    200 ``{kudos}``. Errors: 429, 400 BadRequest / MissingPrompt / text params rc, 401 InvalidAPIKey, 404
+    WorkerNotFound, 429 TooManyPrompts, 403 KudosUpfront.
+    """
+    state = get_state(request)
+    settings = state.settings
+    await state.limiter.check(request, "text_async")
+    raw = await read_bounded_body(request, contract.MAX_CHAT_BODY_BYTES)
+    values = parse_text_body(parse_json_object(raw))
+    async with state.pool.acquire() as conn:
+        requester = await authenticate(conn, request.headers.get("apikey"), settings.secret_key)
+    if not values["prompt"]:
+        raise HordeError(400, "MissingPrompt", "You cannot specify an empty prompt.")
+    await check_workers_exist(state, values["workers"])
+    params = values["params"]
+    n = int(params.get("n", 1))
+    await check_concurrency(state, requester, values["models"], n)
+
+    max_length = int(params.get("max_length", contract.TEXT_DEFAULT_MAX_LENGTH))
+    context = int(params.get("max_context_length", contract.TEXT_DEFAULT_MAX_CONTEXT_LENGTH))
+    tax = horde_tax(settings)
+    estimate = kudos.quote_request(values["models"], max_length, context, n, tax)
+    if values["dry_run"]:
+        return JSONResponse(status_code=200, content={"kudos": estimate})
+
+    availability = await text_availability(state, values, requester)
+    allowance = await free_allowance(state, values["models"], availability, requester, chat=False)
+    workerlist = settings.upfront_kudos_on_workerlist and bool(values["workers"])
+    needs_hold = needs_upfront(
+        settings, max_length, allowance, values["slow_workers"], bool(values["workers"])
+    )
+    hold = kudos.hold_amount(values["models"], max_length, n) if needs_hold else 0.0
+
+    def new_request(length: int, slow: bool) -> store.NewRequest:
+        return store.NewRequest(
+            id=uuid.uuid4(),
+            user_id=requester.user_id,
+            is_chat=False,
+            prompt=values["prompt"],
+            submitted_prompt=values["prompt"],
+            params=dict(params, max_length=length)
+            if "max_length" in params or length != max_length
+            else params,
+            models=values["models"],
+            max_length=length,
+            max_context_length=context,
+            n=n,
+            trusted_workers=values["trusted_workers"],
+            validated_backends=values["validated_backends"],
+            slow_workers=slow,
+            worker_ids=values["workers"],
+            worker_blacklist=values["worker_blacklist"],
+            shared_key_id=requester.shared_key_id,
+            client_agent=client_agent(request),
+            ipaddr=request.client.host if request.client else None,
+            chat_conformance="strict",
+            kudos_estimate=float(estimate),
+            tax=tax,
+            flagged_user=requester.flagged,
+            ttl_seconds=settings.request_ttl_seconds,
+        )
+
+    buckets = (size_bucket(max_length), size_bucket(allowance))
+    outcome = "funded" if hold > 0 else "free"
+    try:
+        async with state.pool.acquire() as conn:
+            request_id = await store.create_request(
+                conn, new_request(max_length, values["slow_workers"]), hold
+            )
+    except store.HoldRefused:
+        if not values["allow_downgrade"] or workerlist:
+            kudos.FREE_ALLOWANCE_DECISIONS.labels(requester.kind, "refused", *buckets, "false").inc()
+            raise kudos.kudos_upfront_error(allowance, hold) from None
+        # Downgrade: lowered to the allowance with slow workers allowed, which needs no hold.
+        outcome = "downgraded"
+        async with state.pool.acquire() as conn:
+            request_id = await store.create_request(conn, new_request(min(max_length, allowance), True), 0.0)
+    kudos.FREE_ALLOWANCE_DECISIONS.labels(requester.kind, outcome, *buckets, "false").inc()
+    body: dict[str, Any] = {"id": str(request_id), "kudos": estimate}
+    if availability is not None and availability.eligible_workers == 0:
+        body["message"] = NO_WORKER_WARNING
+    return JSONResponse(status_code=202, content=body)
+
+
+@router.get("/v2/generate/text/status/{request_id}")
+async def text_status(request_id: str, request: Request) -> JSONResponse:
+    """The text request's status (text path §2). 404 RequestNotFound for unknown and chat ids."""
+    return JSONResponse(await read_status_body(get_state(request), request_id, is_chat=False))
+
+
+@router.delete("/v2/generate/text/status/{request_id}")
+async def text_cancel(request_id: str, request: Request) -> JSONResponse:
+    """Cancel the text request (n = 0; in-flight jobs finish) and return its status after the cancel."""
+    return JSONResponse(await cancel_and_report(get_state(request), request_id, is_chat=False))
