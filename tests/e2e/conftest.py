@@ -11,9 +11,11 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import httpx
 import pytest
 
 from horde_testing.launcher import ServiceProcess, free_port
@@ -87,7 +89,18 @@ class Stack:
         worker.start()
         worker.wait_healthy(60)
         self.workers.append(worker)
+        self.wait_checked_in(name)
         return worker
+
+    def wait_checked_in(self, name: str, timeout: float = 30) -> None:
+        """Wait until dispatch lists the worker: healthy is not yet popped, and admission needs the check-in."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            r = httpx.get(f"{self.url('dispatch')}/api/v2/workers/name/{name}", timeout=5)
+            if r.status_code == 200:
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"worker {name} did not check in within {timeout}s")
 
 
 def _service_env(base: dict[str, str], ports: dict[str, int]) -> dict[str, str]:
