@@ -3,7 +3,7 @@
 
 SHELL := /bin/bash
 UV := uv
-LINT_TYPED := libs/horde-contract/src libs/horde-core/src
+LINT_TYPED := libs/horde-contract/src libs/horde-core/src libs/horde-store/src libs/horde-testing/src
 
 .PHONY: help setup run test test-e2e lint proto proto-check bench k8s-check clean
 

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 
 import httpx
 import pytest
-
 from horde_testing.launcher import ServiceProcess, free_port
 
 SERVICES = {

@@ -5,11 +5,10 @@ from __future__ import annotations
 import httpx
 import pytest
 from fastapi import APIRouter
-from pydantic import BaseModel
-
 from horde_core.app import create_app, include_native
 from horde_core.errors import HordeError
 from horde_core.metrics import counter
+from pydantic import BaseModel
 
 
 class Body(BaseModel):

@@ -6,7 +6,6 @@ import socket
 
 import grpc
 import pytest
-
 from horde_core.grpc import check_health, insecure_channel, start_grpc_server
 
 

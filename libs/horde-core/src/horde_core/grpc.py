@@ -47,8 +47,8 @@ def insecure_channel(target: str) -> grpc.aio.Channel:
     )
 
 
-async def check_health(channel: grpc.aio.Channel, service: str = "", timeout: float = 2.0) -> bool:
+async def check_health(channel: grpc.aio.Channel, service: str = "", rpc_timeout: float = 2.0) -> bool:
     """True when the peer's health service reports ``service`` SERVING."""
     stub = health_pb2_grpc.HealthStub(channel)
-    response = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+    response = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=rpc_timeout)
     return bool(response.status == health_pb2.HealthCheckResponse.SERVING)
