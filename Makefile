@@ -3,7 +3,8 @@
 
 SHELL := /bin/bash
 UV := uv
-LINT_TYPED := libs/horde-contract/src libs/horde-core/src libs/horde-store/src libs/horde-testing/src
+LINT_TYPED := libs/horde-contract/src libs/horde-core/src libs/horde-store/src libs/horde-testing/src \
+	services/admission/src services/dispatch/src services/submit/src services/janitor/src services/oai-front/src
 
 .PHONY: help setup run test test-e2e lint proto proto-check bench k8s-check clean
 

@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 ANONYMOUS_API_KEY = "0000000000"
 ANONYMOUS_USER_ID = 0
@@ -134,7 +135,9 @@ def _parse_uuid(value: str) -> uuid.UUID | None:
         return None
 
 
-async def authenticate(conn: asyncpg.Connection, apikey: str, salt: str) -> AuthenticatedUser | None:
+async def authenticate(
+    conn: asyncpg.Connection | PoolConnectionProxy | asyncpg.Pool, apikey: str, salt: str
+) -> AuthenticatedUser | None:
     """Resolve an ``apikey`` header to its user, or None for an unknown key (401 InvalidAPIKey).
 
     Order (§1): the anonymous key; a UUID-looking key as a shared-key id (owner + ``shared_key``);

@@ -129,7 +129,7 @@ async def flag_cancelled_leases(
     kept, so the worker's next post is still answered (with cancelled true). Best effort: returns the count
     flagged, 0 on a Redis failure (logged)."""
     keys = [progress_stream_key(str(request_id)), *(stream_lease_key(str(g)) for g in generation_ids)]
-    args = [
+    args: list[str | int] = [
         *(str(g) for g in generation_ids),
         CHAT_PROGRESS_STREAM_MAX_ENTRIES,
         CHAT_PROGRESS_STREAM_TTL_SECONDS,

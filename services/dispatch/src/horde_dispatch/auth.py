@@ -3,10 +3,11 @@ deleted users do not run workers)."""
 
 from __future__ import annotations
 
-import asyncpg
 from horde_contract import RC
 from horde_core.errors import HordeError
 from horde_store import users
+
+from .sql import Conn
 
 
 def invalid_api_key() -> HordeError:
@@ -16,9 +17,7 @@ def invalid_api_key() -> HordeError:
     )
 
 
-async def authenticate_worker_owner(
-    conn: asyncpg.Connection | asyncpg.Pool, apikey: str | None, salt: str
-) -> users.AuthenticatedUser:
+async def authenticate_worker_owner(conn: Conn, apikey: str | None, salt: str) -> users.AuthenticatedUser:
     """The user a worker pops as.
 
     401 InvalidAPIKey (missing or unknown key); 403 AnonForbiddenWorker (the anonymous key); 403 DeletedUser;

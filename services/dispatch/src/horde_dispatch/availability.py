@@ -23,6 +23,7 @@ from horde_contract import ONLINE_WORKER_SECONDS, ChatDeclaration, chat_refusal_
 
 from .lease import effective_speed, lease_capacity
 from .queue import SLOW_WORKER_SPEED
+from .sql import Conn
 from .workers import is_validated_bridge
 
 #: The refusal reason of the speed gate (TextWorker.can_generate_with_eligibility_inputs).
@@ -138,7 +139,7 @@ def evaluate(rows: Sequence[asyncpg.Record], q: AvailabilityQuery) -> Availabili
     return result
 
 
-async def get_availability(conn: asyncpg.Connection | asyncpg.Pool, q: AvailabilityQuery) -> Availability:
+async def get_availability(conn: Conn, q: AvailabilityQuery) -> Availability:
     """The availability of ``q``'s models for its needs; one statement."""
     models = list(dict.fromkeys(q.models))
     if not models:

@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = "horde.dispatch.v1.WorkerPoolService"
 
 
-class WorkerPoolServicer(worker_pool_pb2_grpc.WorkerPoolServiceServicer):
+class WorkerPoolServicer(worker_pool_pb2_grpc.WorkerPoolServiceServicer):  # type: ignore[misc]  # generated gRPC base is untyped
     """Answers ``GetAvailability`` from PostgreSQL (see :mod:`horde_dispatch.availability`)."""
 
     def __init__(self, state: DispatchState) -> None:

@@ -21,10 +21,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-import asyncpg
 from horde_contract import CHAT_REQUEST_EXPIRY_SECONDS, TEXT_JOB_LEASE_SECONDS, ChatImageTransport
 
-from .sql import Params
+from .sql import Conn, Params
 
 #: A request whose messages carry an image part (JSONB containment on chat rows; has_images is the
 #: column admission sets, the containment covers a row written without it).
@@ -248,7 +247,7 @@ SELECT t.*, now() AS assigned, (SELECT array_agg(g.id) FROM gens g) AS generatio
     return sql, p.values
 
 
-async def pop_job(conn: asyncpg.Connection | asyncpg.Pool, w: PopWorker) -> PoppedJob | None:
+async def pop_job(conn: Conn, w: PopWorker) -> PoppedJob | None:
     """Hand the worker the first eligible request's job(s), or None when nothing fits. One statement."""
     sql, values = build_pop_statement(w)
     row = await conn.fetchrow(sql, *values)
@@ -338,7 +337,7 @@ GROUP BY reason
     return sql, p.values
 
 
-async def count_skipped(conn: asyncpg.Connection | asyncpg.Pool, w: PopWorker, limit: int) -> dict[str, int]:
+async def count_skipped(conn: Conn, w: PopWorker, limit: int) -> dict[str, int]:
     """``skipped`` of an empty pop: ``{reason: count}`` (see :func:`build_skipped_statement`)."""
     if limit <= 0:
         return {}

@@ -15,6 +15,7 @@ from horde_contract import ONLINE_WORKER_SECONDS, RC, ChatDeclaration
 from horde_core.errors import HordeError
 
 from .pop_body import PopBody
+from .sql import Conn
 
 #: Bridge names whose backends are validated (horde/bridge_reference.py), plus this project's reference
 #: worker, whose replies the broker verifies like any other.
@@ -107,9 +108,7 @@ RETURNING w.id, w.user_id, w.name, (w.xmax = 0) AS created_now, w.threads, w.max
 )
 
 
-async def check_in(
-    conn: asyncpg.Connection | asyncpg.Pool, owner_id: int, pop: PopBody, ipaddr: str | None
-) -> WorkerRow:
+async def check_in(conn: Conn, owner_id: int, pop: PopBody, ipaddr: str | None) -> WorkerRow:
     """Create the worker on its first pop or check it in, storing the chat declaration; one statement.
 
     Raises 403 WrongCredentials when another user owns a worker of that name.
@@ -214,9 +213,7 @@ def worker_not_found(label: str) -> HordeError:
     return HordeError(404, RC.WorkerNotFound, f"Worker with ID '{label}' not found.")
 
 
-async def list_workers(
-    conn: asyncpg.Connection | asyncpg.Pool, name: str | None = None
-) -> list[dict[str, Any]]:
+async def list_workers(conn: Conn, name: str | None = None) -> list[dict[str, Any]]:
     """Details of every online worker (checked in within 300 s), optionally only the one named ``name``."""
     rows = await conn.fetch(
         f"""
@@ -231,7 +228,7 @@ async def list_workers(
     return [worker_details(r) for r in rows]
 
 
-async def get_worker_by_id(conn: asyncpg.Connection | asyncpg.Pool, worker_id: str) -> dict[str, Any]:
+async def get_worker_by_id(conn: Conn, worker_id: str) -> dict[str, Any]:
     """Details of one worker by id; 404 WorkerNotFound for an unknown or malformed id."""
     try:
         wid = uuid.UUID(worker_id)
@@ -245,7 +242,7 @@ async def get_worker_by_id(conn: asyncpg.Connection | asyncpg.Pool, worker_id: s
     return worker_details(row)
 
 
-async def get_worker_by_name(conn: asyncpg.Connection | asyncpg.Pool, name: str) -> dict[str, Any]:
+async def get_worker_by_name(conn: Conn, name: str) -> dict[str, Any]:
     """Details of one worker by name; 404 WorkerNotFound when none has that name."""
     row = await conn.fetchrow(
         f"SELECT {_DETAILS_COLUMNS} FROM workers w JOIN users u ON u.id = w.user_id WHERE w.name = $1", name

@@ -80,12 +80,14 @@ class ObjectCleaner:
     async def retry(self) -> int:
         """Retry up to 1000 queued keys; returns how many deleted (and left the set)."""
         try:
-            keys = await self.redis.srandmember(CHAT_IMAGE_DELETE_RETRY_KEY, RETRY_BATCH)
+            found = await self.redis.srandmember(CHAT_IMAGE_DELETE_RETRY_KEY, RETRY_BATCH)
         except Exception:
             log.warning("chat object delete retry set unreadable", exc_info=True)
             return 0
-        if not keys:
+        # With a count Redis answers a list of members.
+        if not isinstance(found, list) or not found:
             return 0
+        keys = [k.decode() if isinstance(k, bytes) else k for k in found]
         failed = set(await asyncio.to_thread(self._delete_sync, list(keys)))
         done = [k for k in keys if k not in failed]
         if done:

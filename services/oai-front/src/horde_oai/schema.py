@@ -15,32 +15,20 @@ and the front applies the rules it shares with the native route (horde_contract)
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeGuard
 
-from horde_contract import ChatContractError
+# The shared limits below come from the contract library, their single source.
+from horde_contract import (
+    MAX_CHAT_MODEL_COUNT,
+    MIN_CHAT_MAX_TOKENS,
+    OPENAI_MAX_STOP_SEQUENCES,
+    OPENAI_SAMPLING_RANGES,
+    ChatContractError,
+)
 from horde_contract.request import ChatHordeOptions, parse_horde_options
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from horde_oai.errors import OpenAIError, bad_request
-
-# Shared limits; the contract library is the single source of them.
-try:  # pragma: no branch - the contract is always installed in this workspace
-    from horde_contract.limits import (
-        MAX_CHAT_MODEL_COUNT,
-        MIN_CHAT_MAX_TOKENS,
-        OPENAI_MAX_STOP_SEQUENCES,
-        OPENAI_SAMPLING_RANGES,
-    )
-except ImportError:  # pragma: no cover
-    MAX_CHAT_MODEL_COUNT = 5
-    MIN_CHAT_MAX_TOKENS = 16
-    OPENAI_MAX_STOP_SEQUENCES = 4
-    OPENAI_SAMPLING_RANGES = {
-        "temperature": (0.0, 2.0),
-        "top_p": (0.0, 1.0),
-        "frequency_penalty": (-2.0, 2.0),
-        "presence_penalty": (-2.0, 2.0),
-    }
 
 UNSUPPORTED = "UnsupportedChatParameter"
 CONFLICT = "ChatRequestConflict"
@@ -489,7 +477,7 @@ def _validation_error(exc: ValidationError) -> OpenAIError:
     return bad_request(f"Invalid value for '{path}': {error.get('msg', 'invalid value')}.", path)
 
 
-def _number(value: Any) -> bool:
+def _number(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 

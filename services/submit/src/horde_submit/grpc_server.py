@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = "horde.submit.v1.SettlementService"
 
 
-class SettlementServicer(settlement_pb2_grpc.SettlementServiceServicer):
+class SettlementServicer(settlement_pb2_grpc.SettlementServiceServicer):  # type: ignore[misc]  # generated gRPC base is untyped
     """Serves the settlement RPCs against the shared pool and signal client."""
 
     def __init__(

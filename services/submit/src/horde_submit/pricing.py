@@ -51,7 +51,7 @@ def context_multiplier(prompt_characters: int, max_context_length: int) -> float
     context the prompt is served in, its intended meaning.
     """
     tokens = charged_tokens(prompt_characters, max(max_context_length, MIN_CHARGED_TOKENS))
-    value = 1.2 + 2.2 ** math.log2(tokens / 1024)
+    value: float = 1.2 + 2.2 ** math.log2(tokens / 1024)
     return min(max(value, 0.1), 30.0)
 
 
@@ -93,7 +93,7 @@ def generation_kudos(p: PricingInputs) -> float:
             return round(tokens * ctx * UNKNOWN_MODEL_TRUSTED_RATE, 2)
         return round(ctx, 2)
     size = p.parameters_billion
-    bonus = (max(size, 13.0) / 13.0) ** 0.2
+    bonus: float = (max(size, 13.0) / 13.0) ** 0.2
     kudos = tokens * bonus * size / 125.0 * ctx
     if not is_validated_bridge(p.bridge_agent):
         kudos *= UNVALIDATED_BRIDGE_FACTOR

@@ -30,10 +30,13 @@ async def read_posted_progress(client: redis.Redis | None, request_id: str, gene
     try:
         entries = await client.xrange(progress_stream_key(request_id))
         parts: list[tuple[int, str]] = []
-        for _, fields in entries:
-            if fields.get("gen") != generation_id or fields.get("ended"):
+        for _, fields in entries or ():
+            if not fields or fields.get("gen") != generation_id or fields.get("ended"):
                 continue
-            parts.append((int(fields.get("seq", 0)), fields.get("content", "")))
+            content = fields.get("content", "")
+            parts.append(
+                (int(fields.get("seq", 0)), content if isinstance(content, str) else content.decode())
+            )
         if parts:
             parts.sort()
             return len("".join(content for _, content in parts))
