@@ -13,7 +13,7 @@ help:
 	@echo "make test        set up and run the whole test suite"
 	@echo "make run-llm     the local stack with a real model (llama.cpp, gemma3-270m) as the worker"
 	@echo "make test-llm    the model tests (compiles llama.cpp on first use, ~7 min)"
-	@echo "make lint        ruff + mypy;  make proto / proto-check: regenerate / check gRPC code"
+	@echo "make lint        ruff + mypy;  make proto / proto-check: regenerate / check gRPC code;  make k8s-check"
 	@echo "make bench       run the benchmarks in bench/"
 
 .venv/.synced: uv.lock pyproject.toml */pyproject.toml */*/pyproject.toml
@@ -55,3 +55,4 @@ clean:
 	rm -rf .local .venv .pytest_cache .mypy_cache .ruff_cache .coverage
 
 -include mk/llm.mk
+-include mk/k8s.mk

