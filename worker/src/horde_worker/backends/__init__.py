@@ -1,0 +1,1 @@
+"""Generators the worker drives: scripted, openai (OpenAI-compatible servers), llamacpp (in process)."""

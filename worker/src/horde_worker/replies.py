@@ -1,0 +1,293 @@
+"""Turning backend output into submit bodies: reasoning split, tool checks, strict schemas, finish reasons.
+
+Spec: chat-requests.md **Structured submit**, **Reasoning**, **Reply verification** (the checks the Horde makes,
+which the worker makes first so that a declared guarantee holds), **Worker fault reasons**; worker-side.md §4.
+Every function here is pure.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jsonschema
+from jsonschema.exceptions import SchemaError
+
+from horde_worker.contract import (
+    MAX_NATIVE_FINISH_REASON_LENGTH,
+    MAX_REPORTED_TOKENS,
+    MAX_TOOL_CALLS,
+    ChatFaultReason,
+    ChatGuarantee,
+)
+from horde_worker.jobs import BackendFault, ChatJob, ChatOutput, TextJob
+
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+
+
+def split_reasoning(text: str | None) -> tuple[str | None, str | None]:
+    """Split ``<think>…</think>`` blocks out of generated text (spec: **Reasoning**).
+
+    Returns ``(content, reasoning)``: ``content`` is the text outside every block (leading whitespace after a
+    block removed), ``reasoning`` the blocks' text joined by blank lines, or ``None`` when there was no block.
+    Handled shapes:
+
+    - ``<think>r</think>answer``: a closed block (several blocks are joined);
+    - ``r</think>answer``: a close tag with no opening tag before it, as templates that put ``<think>`` in the
+      generation prompt produce (Qwen3, DeepSeek-R1);
+    - ``<think>r`` with no close: an unclosed block cut off at ``max_length``; everything after the tag is
+      reasoning and the content is what came before it.
+
+    ``None`` content stays ``None``.
+    """
+    if text is None:
+        return None, None
+    parts: list[str] = []
+    rest = text
+    open_at = rest.find(THINK_OPEN)
+    close_at = rest.find(THINK_CLOSE)
+    if close_at != -1 and (open_at == -1 or close_at < open_at):
+        parts.append(rest[:close_at])
+        rest = rest[close_at + len(THINK_CLOSE) :]
+    content: list[str] = []
+    while True:
+        start = rest.find(THINK_OPEN)
+        if start == -1:
+            content.append(rest)
+            break
+        content.append(rest[:start])
+        end = rest.find(THINK_CLOSE, start + len(THINK_OPEN))
+        if end == -1:
+            parts.append(rest[start + len(THINK_OPEN) :])
+            break
+        parts.append(rest[start + len(THINK_OPEN) : end])
+        rest = rest[end + len(THINK_CLOSE) :]
+    if not parts:
+        return text, None
+    reasoning = "\n\n".join(p.strip() for p in parts if p.strip())
+    return "".join(content).lstrip(), reasoning
+
+
+def map_finish_reason(native: str | None, has_tool_calls: bool) -> str:
+    """Map a backend's finish reason to the submit's ``stop``/``length``/``content_filter``/``tool_calls``.
+
+    ``tool_calls`` is returned only when the reply carries calls (the submit refuses it otherwise), and a
+    reply with calls that stopped normally finishes ``tool_calls`` as OpenAI's do; the Horde itself stores a
+    forced function's finish as ``stop``. Unknown or missing reasons count as ``stop``.
+    """
+    reason = (native or "").strip().lower()
+    if reason in ("length", "max_tokens", "max_length", "limit"):
+        return "length"
+    if reason in ("content_filter", "safety", "recitation"):
+        return "content_filter"
+    if has_tool_calls:
+        return "tool_calls"
+    return "stop"
+
+
+def _arguments_text(arguments: Any) -> str:
+    if arguments is None:
+        return "{}"
+    if isinstance(arguments, str):
+        return arguments
+    return json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
+
+
+def normalize_tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """OpenAI-shape each call as ``{id, type: "function", function: {name, arguments: str}}``.
+
+    A missing or repeated id is replaced by ``call_<n>`` (the worker mints ids; backends such as koboldcpp mint
+    ``call_<5 digits>`` that can collide, worker-side.md §3), so two calls never share an id. Raises
+    :class:`BackendFault` ``tool_violation`` on a call without a function name.
+    """
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for n, call in enumerate(calls, start=1):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict):
+            fn = {}
+        name = fn.get("name")
+        if not isinstance(name, str) or not name:
+            raise BackendFault(ChatFaultReason.tool_violation.value, "tool call without a function name")
+        call_id = call.get("id")
+        if not isinstance(call_id, str) or not call_id or call_id in seen:
+            call_id = f"call_{n}"
+            while call_id in seen:
+                call_id += "_"
+        seen.add(call_id)
+        out.append(
+            {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": name, "arguments": _arguments_text(fn.get("arguments"))},
+            }
+        )
+    return out
+
+
+def check_tool_calls(
+    job: ChatJob, calls: list[dict[str, Any]], declared: frozenset[str]
+) -> list[dict[str, Any]]:
+    """Apply the request's tool controls to normalized calls; return the calls to submit.
+
+    - ``parallel_tool_calls`` false keeps the first call (``single_tool_call_enforced``);
+    - every call names a function in the job's ``tools``, and a job without tools gets no call (the Horde
+      refuses both under either conformance, **Reply verification**);
+    - at most 128 calls;
+    - with ``tool_choice_enforced`` declared, a required or function choice gets at least one call, and a
+      forced function is the one called.
+
+    Raises :class:`BackendFault` ``tool_violation`` when a check fails: such a reply is not submitted.
+    """
+    if calls and job.parallel_tool_calls is False:
+        calls = calls[:1]
+    names = set(job.tool_names)
+    for call in calls:
+        name = call["function"]["name"]
+        if name not in names:
+            raise BackendFault(ChatFaultReason.tool_violation.value, f"call to {name!r}, not among the tools")
+    if len(calls) > MAX_TOOL_CALLS:
+        raise BackendFault(ChatFaultReason.tool_violation.value, f"{len(calls)} tool calls")
+    if ChatGuarantee.tool_choice_enforced.value in declared and job.requires_tool_call:
+        if not calls:
+            raise BackendFault(
+                ChatFaultReason.tool_violation.value, "no tool call under a forcing tool_choice"
+            )
+        forced = job.forced_function
+        if forced is not None and any(c["function"]["name"] != forced for c in calls):
+            raise BackendFault(
+                ChatFaultReason.tool_violation.value, f"a call to another function than {forced}"
+            )
+    return calls
+
+
+def _refuse_constant(value: str) -> Any:
+    raise ValueError(f"{value} is not JSON")
+
+
+def parse_json_strict(text: str) -> Any:
+    """Parse JSON as the Horde does: Python's ``json`` with ``NaN`` and ``Infinity`` refused.
+
+    Raises ``ValueError`` on anything that is not strict JSON.
+    """
+    return json.loads(text, parse_constant=_refuse_constant)
+
+
+def schema_validator(schema: dict[str, Any]) -> jsonschema.protocols.Validator:
+    """A validator for a strict response schema, by the draft its ``$schema`` names (Draft 2020-12 otherwise).
+
+    References resolve only inside the schema (jsonschema retrieves nothing remote). Raises
+    :class:`BackendFault` ``unbuildable_grammar`` when the schema does not compile, since the worker cannot
+    enforce a schema it cannot check (spec: **Reply verification**).
+    """
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        cls.check_schema(schema)
+    except SchemaError as exc:
+        raise BackendFault(
+            ChatFaultReason.unbuildable_grammar.value, f"schema does not compile: {exc.message}"
+        ) from None
+    return cls(schema)
+
+
+def check_strict_schema(job: ChatJob, content: str | None, has_tool_calls: bool) -> None:
+    """Validate ``content`` against the job's strict ``json_schema`` (``structured_output_enforced``).
+
+    A reply with tool calls and empty content is exempt, as at the Horde. Raises :class:`BackendFault`
+    ``generation_error`` when the content is not JSON or does not match (the model failed the contract; the
+    spec has no closer reason), ``unbuildable_grammar`` when the schema cannot be compiled or a reference does
+    not resolve.
+    """
+    schema = job.strict_schema
+    if schema is None or (has_tool_calls and not content):
+        return
+    validator = schema_validator(schema)
+    try:
+        value = parse_json_strict(content or "")
+    except ValueError as exc:
+        raise BackendFault(ChatFaultReason.generation_error.value, f"reply is not JSON: {exc}") from None
+    try:
+        error = jsonschema.exceptions.best_match(validator.iter_errors(value))
+    except Exception as exc:  # referencing.exceptions.Unresolvable: a $ref that does not resolve inside it
+        raise BackendFault(ChatFaultReason.unbuildable_grammar.value, f"schema reference: {exc}") from None
+    if error is not None:
+        raise BackendFault(
+            ChatFaultReason.generation_error.value, f"reply does not match the schema: {error.message}"
+        )
+
+
+def _count(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    limit: int = MAX_REPORTED_TOKENS
+    return max(0, min(value, limit))
+
+
+def build_chat_submit(
+    job: ChatJob, output: ChatOutput, model_id: str, declared: frozenset[str]
+) -> dict[str, Any]:
+    """The structured submit body for a chat reply (spec: **Structured submit**).
+
+    Returns ``{id, message: {role: "assistant", content, tool_calls?, reasoning_content?}, finish_reason,
+    native_finish_reason?, prompt_tokens?, completion_tokens?, reasoning_tokens?, model_id}``; counts appear
+    only when the backend reported them. Applies :func:`split_reasoning`, :func:`normalize_tool_calls`,
+    :func:`check_tool_calls` and, when ``structured_output_enforced`` is declared, :func:`check_strict_schema`.
+    Raises :class:`BackendFault` when the reply must not be submitted.
+    """
+    content, think = split_reasoning(output.content)
+    reasoning_parts = [r for r in (output.reasoning, think) if r]
+    reasoning = "\n\n".join(reasoning_parts) if reasoning_parts else None
+    calls = check_tool_calls(job, normalize_tool_calls(output.tool_calls), declared)
+    if calls and content is not None and not content.strip():
+        content = None  # OpenAI's shape for a reply that only calls tools
+    if not calls and content is None:
+        content = ""
+    if ChatGuarantee.structured_output_enforced.value in declared:
+        check_strict_schema(job, content, bool(calls))
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = calls
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    body: dict[str, Any] = {
+        "id": job.id,
+        "message": message,
+        "finish_reason": map_finish_reason(output.native_finish_reason, bool(calls)),
+        "model_id": model_id,
+    }
+    if output.native_finish_reason:
+        body["native_finish_reason"] = str(output.native_finish_reason)[:MAX_NATIVE_FINISH_REASON_LENGTH]
+    for key in ("prompt_tokens", "completion_tokens", "reasoning_tokens"):
+        value = _count(getattr(output, key))
+        if value is not None:
+            body[key] = value
+    return body
+
+
+def build_chat_fault(job_id: str, model_id: str, reason: str | None) -> dict[str, Any]:
+    """A faulted chat submit ``{id, state: "faulted", model_id, fault_reason?}`` (spec: **Structured submit**)."""
+    body: dict[str, Any] = {"id": job_id, "state": "faulted", "model_id": model_id}
+    if reason:
+        body["fault_reason"] = reason
+    return body
+
+
+def build_text_submit(job: TextJob, generation: str) -> dict[str, Any]:
+    """A legacy text submit ``{id, generation, state: "ok", seed}`` (ai-horde-text-path.md §4)."""
+    return {"id": job.id, "generation": generation, "state": "ok", "seed": job.seed}
+
+
+def build_text_fault(job_id: str) -> dict[str, Any]:
+    """A faulted text submit; upstream requires ``generation`` even then (ai-horde-text-path.md §4)."""
+    return {"id": job_id, "state": "faulted", "generation": "faulted", "seed": -1}
+
+
+def trim_stop(text: str, stops: list[str]) -> str:
+    """Cut ``text`` at the first occurrence of any stop string (backends that do not trim them)."""
+    cut = len(text)
+    for stop in stops:
+        at = text.find(stop)
+        if stop and at != -1:
+            cut = min(cut, at)
+    return text[:cut]
