@@ -17,7 +17,11 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from horde_contract import NATIVE_REQUEST_PATH_PATTERN, estimate_chat_prompt_tokens
+from horde_contract import (
+    KUDOS_CAP_EXCESS_PATTERN,
+    NATIVE_REQUEST_PATH_PATTERN,
+    estimate_chat_prompt_tokens,
+)
 
 from horde_oai.errors import OpenAIError, bad_request, no_eligible_worker
 
@@ -47,10 +51,6 @@ FORWARDED_KEYS = (
     "response_format",
 )
 
-# ChatKudosCapExceeded's message, as admission writes it (spec: Kudos cap; horde_contract has no pattern yet).
-KUDOS_CAP_EXCESS_PATTERN = re.compile(
-    r"estimate at current pricing is (?P<estimate>\d+), above its horde\.max_kudos of (?P<cap>\d+)"
-)
 NATIVE_VALIDATION_PATTERN = re.compile(r"^Input payload validation failed: (?P<loc>[^:]+):")
 
 
@@ -410,8 +410,8 @@ def kudos_cap_error(message: str, rc: str) -> OpenAIError:
     metadata: dict[str, Any] = {"rc": rc}
     match = KUDOS_CAP_EXCESS_PATTERN.search(message)
     if match:
-        metadata["kudos_estimate"] = int(match.group("estimate"))
-        metadata["max_kudos"] = int(match.group("cap"))
+        metadata["kudos_estimate"] = int(match.group("kudos_estimate"))
+        metadata["max_kudos"] = int(match.group("max_kudos"))
     return OpenAIError(400, message, "max_kudos_exceeded", param="horde.max_kudos", metadata=metadata)
 
 
