@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 UV := uv
 LINT_TYPED := libs/horde-contract/src libs/horde-core/src libs/horde-store/src libs/horde-testing/src \
-	services/admission/src services/dispatch/src services/submit/src services/janitor/src services/oai-front/src
+	services/admission/src services/dispatch/src services/submit/src services/janitor/src services/oai-front/src worker/src
 
 .PHONY: help setup run test test-e2e lint proto proto-check bench k8s-check clean
 

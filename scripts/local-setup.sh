@@ -8,6 +8,9 @@ admin() { uv run --no-sync horde-admin "$@"; }
 [ -s .local/worker-user.json ] || admin user create --username worker-owner --kudos 0 --trusted > .local/worker-user.json
 key() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["api_key"])' "$1"; }
 DEMO_KEY=$(key .local/demo-user.json)
+# The model the local worker serves: the scripted echo model, or the real one under make run-llm.
+if [ "${HORDE_WORKER_BACKEND:-scripted}" = llamacpp ]; then MODEL=${HORDE_WORKER_MODEL_ID:-gemma-3-270m}
+else MODEL=${HORDE_WORKER_MODELS:-scripted/echo}; MODEL=${MODEL%%,*}; fi
 printf 'export HORDE_WORKER_API_KEY=%s\n' "$(key .local/worker-user.json)" > .local/worker.env
 touch .local/ready
 for port in 7101 7102 7103 7104 7002; do
@@ -21,13 +24,13 @@ cat <<MSG
     worker pop                http://127.0.0.1:7102/api/v2/generate/text/pop
     worker submit             http://127.0.0.1:7103/api/v2/generate/text/submit
     janitor                   http://127.0.0.1:7104/metrics
-  Demo API key: $DEMO_KEY
+  Demo API key: $DEMO_KEY    model: $MODEL
 
   curl http://127.0.0.1:7002/v1/chat/completions \\
     -H "Authorization: Bearer $DEMO_KEY" -H "Content-Type: application/json" \\
-    -d '{"model": "scripted/echo", "messages": [{"role": "user", "content": "Hello, horde!"}]}'
+    -d '{"model": "$MODEL", "messages": [{"role": "user", "content": "Hello, horde!"}]}'
 
-  python -c 'from openai import OpenAI; c = OpenAI(base_url="http://127.0.0.1:7002/v1", api_key="$DEMO_KEY"); print(c.chat.completions.create(model="scripted/echo", messages=[{"role": "user", "content": "Hello, horde!"}]).choices[0].message.content)'
+  python -c 'from openai import OpenAI; c = OpenAI(base_url="http://127.0.0.1:7002/v1", api_key="$DEMO_KEY"); print(c.chat.completions.create(model="$MODEL", messages=[{"role": "user", "content": "Hello, horde!"}]).choices[0].message.content)'
 
 MSG
 exec sleep infinity

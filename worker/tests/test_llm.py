@@ -21,20 +21,16 @@ from typing import Any
 import httpx
 import jsonschema
 import pytest
-from worker_standin import StandInHorde, chat_job, text_job
-
+from horde_worker.backends import gemma
 from horde_worker.backends.base import Backend
+from horde_worker.backends.llamacpp import LlamaCppBackend, default_model_path
+from horde_worker.backends.openai import LLAMA_CPP_PYTHON, OpenAIBackend
 from horde_worker.config import WorkerSettings
 from horde_worker.jobs import BackendFault, ChatJob
 from horde_worker.worker import Timings, Worker
+from worker_standin import StandInHorde, chat_job, text_job
 
 pytestmark = pytest.mark.llm
-
-llama_cpp = pytest.importorskip("llama_cpp", reason="needs the llamacpp extra (make test-llm)")
-
-from horde_worker.backends import gemma  # noqa: E402
-from horde_worker.backends.llamacpp import LlamaCppBackend, default_model_path  # noqa: E402
-from horde_worker.backends.openai import LLAMA_CPP_PYTHON, OpenAIBackend  # noqa: E402
 
 PERSON = {
     "type": "object",
@@ -65,6 +61,8 @@ GREEDY = {"temperature": 0.0, "seed": 7}
 
 @pytest.fixture(scope="module")
 def model_path() -> Path:
+    """The assembled gemma3-270m GGUF; skips when the llamacpp extra is not installed."""
+    pytest.importorskip("llama_cpp", reason="needs the llamacpp extra (make test-llm)")
     return default_model_path()
 
 
@@ -77,13 +75,17 @@ def llama_backend(model_path: Path) -> Iterator[LlamaCppBackend]:
 
 
 def job(text: str, **payload: Any) -> ChatJob:
-    return ChatJob.from_pop(chat_job("j", text, **{**GREEDY, "max_length": 32, "max_context_length": 2048, **payload}))
+    return ChatJob.from_pop(
+        chat_job("j", text, **{**GREEDY, "max_length": 32, "max_context_length": 2048, **payload})
+    )
 
 
 # -- llamacpp backend, directly -------------------------------------------------------------------------------------
 
 
-async def test_llamacpp_declares_everything_but_vision_and_reasoning_effort(llama_backend: LlamaCppBackend) -> None:
+async def test_llamacpp_declares_everything_but_vision_and_reasoning_effort(
+    llama_backend: LlamaCppBackend,
+) -> None:
     caps = await llama_backend.start()
     assert "vision" not in caps.features and "reasoning_effort" not in caps.features
     assert {"tools", "json_schema", "json_object", "seed", "tools_with_response_format"} <= set(caps.features)
@@ -108,7 +110,9 @@ async def test_llamacpp_reply_is_deterministic_with_exact_counts(llama_backend: 
 
 
 async def test_llamacpp_strict_json_schema(llama_backend: LlamaCppBackend) -> None:
-    out = await llama_backend.generate_chat(job("Describe a person as JSON.", response_format=STRICT, max_length=96))
+    out = await llama_backend.generate_chat(
+        job("Describe a person as JSON.", response_format=STRICT, max_length=96)
+    )
     jsonschema.validate(json.loads(out.content or ""), PERSON)
 
 
@@ -118,7 +122,9 @@ async def test_llamacpp_forced_tool_call(llama_backend: LlamaCppBackend) -> None
     )
     assert out.content is None and len(out.tool_calls) == 1
     assert out.tool_calls[0]["function"]["name"] == "get_weather"
-    jsonschema.validate(json.loads(out.tool_calls[0]["function"]["arguments"]), WEATHER["function"]["parameters"])
+    jsonschema.validate(
+        json.loads(out.tool_calls[0]["function"]["arguments"]), WEATHER["function"]["parameters"]
+    )
 
 
 async def test_llamacpp_prompt_overflow_before_generating(llama_backend: LlamaCppBackend) -> None:
@@ -128,7 +134,10 @@ async def test_llamacpp_prompt_overflow_before_generating(llama_backend: LlamaCp
 
 
 async def test_llamacpp_unbuildable_grammar(llama_backend: LlamaCppBackend) -> None:
-    bad = {"type": "json_schema", "json_schema": {"name": "x", "strict": True, "schema": {"$ref": "#/$defs/nope"}}}
+    bad = {
+        "type": "json_schema",
+        "json_schema": {"name": "x", "strict": True, "schema": {"$ref": "#/$defs/nope"}},
+    }
     with pytest.raises(BackendFault) as err:
         await llama_backend.generate_chat(job("json", response_format=bad))
     assert err.value.reason == "unbuildable_grammar"
@@ -137,12 +146,14 @@ async def test_llamacpp_unbuildable_grammar(llama_backend: LlamaCppBackend) -> N
 # -- through the worker loop ----------------------------------------------------------------------------------------
 
 
-async def run_jobs(horde: StandInHorde, backend: Backend, job_ids: list[str], timeout: float = 240) -> Worker:
-    settings = WorkerSettings(horde_url=horde.url, model_id="gemma-3-270m", max_length=256, max_context_length=2048)
+async def run_jobs(horde: StandInHorde, backend: Backend, job_ids: list[str], within: float = 240) -> Worker:
+    settings = WorkerSettings(
+        horde_url=horde.url, model_id="gemma-3-270m", max_length=256, max_context_length=2048
+    )
     worker = Worker(settings, backend, timings=FAST)
     task = asyncio.create_task(worker.run())
     try:
-        ok = await asyncio.to_thread(horde.wait_for, lambda h: all(h.submits_for(j) for j in job_ids), timeout)
+        ok = await asyncio.to_thread(horde.wait_for, lambda h: all(h.submits_for(j) for j in job_ids), within)
     finally:
         worker.request_stop()
         await asyncio.wait_for(task, 60)
@@ -154,7 +165,9 @@ async def test_worker_with_llamacpp(horde: StandInHorde, model_path: Path) -> No
     horde.add(
         chat_job("plain", "Say hello.", **GREEDY, max_length=24),
         chat_job("json", "A person as JSON.", **GREEDY, max_length=96, response_format=STRICT),
-        chat_job("tool", "Weather in Oslo?", **GREEDY, max_length=64, tools=[WEATHER], tool_choice="required"),
+        chat_job(
+            "tool", "Weather in Oslo?", **GREEDY, max_length=64, tools=[WEATHER], tool_choice="required"
+        ),
         text_job("text", "The capital of France is", max_length=8, temperature=0),
     )
     backend = LlamaCppBackend(model_path=str(model_path), n_ctx=2048, n_threads=2)
@@ -230,7 +243,9 @@ async def test_openai_backend_discovers_llama_cpp_python(llama_server: str) -> N
 async def test_worker_with_openai_backend(horde: StandInHorde, llama_server: str) -> None:
     horde.add(
         chat_job("plain", "Say hello.", **GREEDY, max_length=24),
-        chat_job("tool", "Weather in Oslo?", **GREEDY, max_length=64, tools=[WEATHER], tool_choice="required"),
+        chat_job(
+            "tool", "Weather in Oslo?", **GREEDY, max_length=64, tools=[WEATHER], tool_choice="required"
+        ),
         chat_job("json", "A person as JSON.", **GREEDY, max_length=96, response_format=STRICT),
         chat_job("overflow", "word " * 3000, **GREEDY, max_length=64),
         text_job("text", "The capital of France is", max_length=8, temperature=0),

@@ -26,6 +26,11 @@ def make_backend(settings: WorkerSettings) -> Backend:
     if settings.backend == "llamacpp":
         from horde_worker.backends.llamacpp import LlamaCppBackend
 
+        if settings.threads > 1:
+            logging.getLogger("horde_worker").warning(
+                "the llamacpp backend runs one job at a time: with threads > 1, popped jobs wait for the model"
+            )
+
         return LlamaCppBackend(
             model_path=settings.model_path,
             n_ctx=settings.max_context_length,

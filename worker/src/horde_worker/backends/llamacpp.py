@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,8 @@ class LlamaCppBackend(Backend):
         self.seed = seed
         self.model_name = model_name
         self.llm: Any = None
-        self._lock = asyncio.Lock()
+        # a thread lock, not an asyncio one: a cancelled job's thread keeps the model until it returns
+        self._mutex = threading.Lock()
 
     def _load(self) -> Any:
         try:
@@ -95,7 +97,7 @@ class LlamaCppBackend(Backend):
         return list(self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True))
 
     def _grammar(self, schema: dict[str, Any]) -> Any:
-        from llama_cpp import LlamaGrammar
+        from llama_cpp.llama_grammar import LlamaGrammar
 
         try:
             return LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False)
@@ -126,6 +128,10 @@ class LlamaCppBackend(Backend):
             raise BackendFault(ChatFaultReason.generation_error.value, f"llama.cpp: {exc}") from exc
 
     def _chat(self, job: ChatJob) -> ChatOutput:
+        with self._mutex:
+            return self._chat_locked(job)
+
+    def _chat_locked(self, job: ChatJob) -> ChatOutput:
         grammar, forced = self._grammar_for(job)
         tools_in_prompt = job.tools if job.tools else None
         prompt_text = gemma.render(job.messages, tools_in_prompt, forced_tools=forced)
@@ -144,7 +150,8 @@ class LlamaCppBackend(Backend):
             "frequency_penalty": job.frequency_penalty,
             "repeat_penalty": job.rep_pen,
             "seed": job.seed if job.seed is not None else self.seed,
-            "stop": [gemma.END, *job.stop],
+            # a base model may write a turn marker instead of ending its turn
+            "stop": [gemma.END, gemma.START, *job.stop],
         }
         result = self._complete(tokens, job.max_length, params, grammar)
         choice = result["choices"][0]
@@ -178,10 +185,13 @@ class LlamaCppBackend(Backend):
 
     async def generate_chat(self, job: ChatJob) -> ChatOutput:
         """Render, count, compile the grammar and generate (see the module docstring)."""
-        async with self._lock:
-            return await asyncio.to_thread(self._chat, job)
+        return await asyncio.to_thread(self._chat, job)
 
     def _text(self, job: TextJob, max_length: int) -> str:
+        with self._mutex:
+            return self._text_locked(job, max_length)
+
+    def _text_locked(self, job: TextJob, max_length: int) -> str:
         tokens = self.tokenize(job.prompt)
         ctx = min(self.n_ctx, int(job.param("max_context_length", self.n_ctx)))
         if len(tokens) > ctx - max_length:
@@ -204,10 +214,14 @@ class LlamaCppBackend(Backend):
 
     async def generate_text(self, job: TextJob, max_length: int) -> str:
         """Complete the prompt (a too-long prompt keeps its tail, as text workers do)."""
-        async with self._lock:
-            return await asyncio.to_thread(self._text, job, max_length)
+        return await asyncio.to_thread(self._text, job, max_length)
+
+    def _close(self) -> None:
+        with self._mutex:
+            llm, self.llm = self.llm, None
+            if llm is not None:
+                llm.close()
 
     async def close(self) -> None:
-        llm, self.llm = self.llm, None
-        if llm is not None:
-            await asyncio.to_thread(llm.close)
+        """Free the model once no generation runs."""
+        await asyncio.to_thread(self._close)
