@@ -204,7 +204,7 @@ def test_model_and_worker_errors(refusal) -> None:  # type: ignore[no-untyped-de
 def test_load_json_body(refusal) -> None:  # type: ignore[no-untyped-def]
     assert hc.load_json_body(b'{"a": [1, 2.5, "\\u00e9"]}') == {"a": [1, 2.5, "é"]}
     assert hc.load_json_body('"x"') == "x"
-    for raw in (b"{", b'{"a": NaN}', b"[Infinity]", b"-Infinity", b"[" * 100_000):
+    for raw in (b"{", b'{"a": NaN}', b"[Infinity]", b"-Infinity", b"[" * 100_000, b'{"t": 1e400}', b"[-1e999]"):
         try:
             hc.load_json_body(raw)
         except hc.ChatContractError as exc:
@@ -223,6 +223,19 @@ def test_load_json_body(refusal) -> None:  # type: ignore[no-untyped-def]
     assert hc.load_json_body(b'{"a": "x\\u0000"}', refuse_nul=False) == {"a": "x\x00"}
     # an escaped backslash before u0000 is no NUL
     assert hc.load_json_body(b'{"k": ["C:\\\\u0000", 1]}') == {"k": ["C:\\u0000", 1]}
+    for raw in (b'{"a": "\\ud800"}', b'{"a": ["x\\uDFFF"]}', b'{"\\udc00": 1}'):
+        try:
+            hc.load_json_body(raw)
+        except hc.ChatContractError as exc:
+            refusal(
+                exc, 400, "BadRequest", None,
+                "The request body holds a lone UTF-16 surrogate, which is not valid Unicode.",
+            )
+        else:  # pragma: no cover
+            raise AssertionError(raw)
+    # a surrogate pair is one character; an escaped backslash before ud800 is no surrogate
+    assert hc.load_json_body(b'{"a": "\\ud83d\\ude00"}') == {"a": "\U0001f600"}
+    assert hc.load_json_body(b'{"a": "\\\\ud800"}') == {"a": "\\ud800"}
     try:
         hc.load_json_body(b'{"k\\u0000": [1]}')
     except hc.ChatContractError as exc:

@@ -110,3 +110,15 @@ def test_docs_redirect_and_cors(lone_front):
     assert refused.headers["access-control-allow-origin"] == "*"
     assert "retry-after" in refused.headers["access-control-expose-headers"].lower()
     assert "x-should-retry" in refused.headers["access-control-expose-headers"].lower()
+
+
+def test_lone_surrogate_is_400_not_500(lone_front):
+    r = httpx.post(
+        f"{lone_front.url}/v1/chat/completions",
+        content=b'{"model": "m", "messages": [{"role": "user", "content": "\\ud800"}]}',
+        headers={"Authorization": "Bearer k", "Content-Type": "application/json"},
+    )
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["code"] == "BadRequest"
+    assert error["message"].endswith("The request body holds a lone UTF-16 surrogate, which is not valid Unicode.")

@@ -5,7 +5,9 @@ Spec: chat-requests.md (every section that names an ``rc``), chat-front.md *Valu
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
@@ -162,12 +164,13 @@ def _refuse_json_constant(name: str) -> None:
 
 
 def load_json_body(raw: bytes | str, *, refuse_nul: bool = True) -> object:
-    """Parse a request body as JSON, refusing NaN, Infinity and -Infinity.
+    """Parse a request body as JSON, refusing what JSON or the stores cannot carry.
 
-    Raises 400 BadRequest when the body is not JSON or holds one of those constants. With ``refuse_nul``, a
-    NUL character anywhere (raw or escaped as ``\\u0000``) raises 400 NulByteInPayload, as upstream does,
-    since PostgreSQL cannot store it in text or JSONB. Spec: chat-front.md *Request keys*;
-    ai-horde-text-path.md §1 (error bodies).
+    Raises 400 BadRequest when the body is not UTF-8 JSON, holds NaN, Infinity or -Infinity (as constants or as
+    a number too large for a float, such as ``1e400``), or holds a lone UTF-16 surrogate escape (``"\\ud800"``),
+    which no UTF-8 store or peer can encode. With ``refuse_nul``, a NUL character anywhere (raw or escaped as
+    ``\\u0000``) raises 400 NulByteInPayload, as upstream does, since PostgreSQL cannot store it in text or
+    JSONB. Spec: chat-front.md *Request keys*; ai-horde-text-path.md §1 (error bodies).
     """
     import json
 
@@ -179,21 +182,45 @@ def load_json_body(raw: bytes | str, *, refuse_nul: bool = True) -> object:
     if refuse_nul and "\x00" in text:
         raise nul
     try:
-        value = json.loads(text, parse_constant=_refuse_json_constant)
+        value = json.loads(text, parse_constant=_refuse_json_constant, parse_float=_finite_float)
     except (ValueError, RecursionError):
         raise ChatContractError(400, RC.BadRequest, "The request body is not valid JSON.", None) from None
-    # The escaped form is rare; only then walk the parsed value (an escaped backslash is no NUL).
-    if refuse_nul and "\\u0000" in text and _holds_nul(value):
+    # The escaped forms are rare; only then walk the parsed value (an escaped backslash is neither).
+    if refuse_nul and "\\u0000" in text and _find_string(value, _has_nul):
         raise nul
+    if ("\\ud" in text or "\\uD" in text) and _find_string(value, _has_lone_surrogate):
+        raise ChatContractError(
+            400, RC.BadRequest, "The request body holds a lone UTF-16 surrogate, which is not valid Unicode.", None
+        )
     return value
 
 
-def _holds_nul(value: object) -> bool:
+def _finite_float(literal: str) -> float:
+    number = float(literal)
+    if math.isinf(number):
+        raise ValueError(f"{literal} does not fit a float")
+    return number
+
+
+def _has_nul(text: str) -> bool:
+    return "\x00" in text
+
+
+def _has_lone_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _find_string(value: object, test: Callable[[str], bool]) -> bool:
+    """True when any string in ``value`` (keys included) passes ``test``."""
     stack = [value]
     while stack:
         item = stack.pop()
         if isinstance(item, str):
-            if "\x00" in item:
+            if test(item):
                 return True
         elif isinstance(item, dict):
             stack.extend(item.keys())

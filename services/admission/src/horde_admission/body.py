@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from fastapi import Request
+from horde_contract import load_json_body
 from horde_core.errors import HordeError
 
 from horde_admission import contract
@@ -45,17 +45,14 @@ async def read_bounded_body(request: Request, limit: int) -> bytes:
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
-    """The body as a JSON object; 400 BadRequest when it is not one (NUL bytes: NulByteInPayload)."""
-    try:
-        body = json.loads(raw or b"null")
-    except (ValueError, UnicodeDecodeError):
-        raise HordeError(
-            400, "BadRequest", "Input payload validation failed: the body is not valid JSON."
-        ) from None
+    """The body as a JSON object, read by the contract's ``load_json_body`` (the front reads it the same way).
+
+    400 BadRequest when it is not JSON, holds NaN, Infinity or a lone surrogate, or is not an object; 400
+    NulByteInPayload for a NUL character.
+    """
+    body = load_json_body(raw or b"null")
     if not isinstance(body, dict):
         raise HordeError(
             400, "BadRequest", "Input payload validation failed: the body has to be a JSON object."
         )
-    if b"\\u0000" in raw:  # a raw NUL is already invalid JSON; an escaped one would reach the workers
-        raise HordeError(400, "NulByteInPayload", "The payload contains a NUL byte, which is not allowed.")
     return body

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -20,7 +19,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from horde_contract import ChatContractError, parse_chat_request
+from horde_contract import ChatContractError, load_json_body, parse_chat_request
 
 from horde_oai.errors import OpenAIError, bad_request
 from horde_oai.mapping import (
@@ -62,24 +61,21 @@ SUBMIT_ERROR_CODES = frozenset(
 REFUSED_PARAMETER_LOG_LENGTH = 64
 
 
-def invalid_json_error() -> OpenAIError:
-    """400 BadRequest for a body that is not JSON or holds NaN/Infinity."""
+def invalid_json_error(reason: str = "") -> OpenAIError:
+    """400 BadRequest for a body that is not JSON, holds NaN/Infinity or is not valid Unicode."""
     return bad_request(
         "We could not parse the JSON body of your request. The API expects a JSON object; NaN, Infinity and "
-        "-Infinity are not JSON."
+        "-Infinity are not JSON." + (f" {reason}" if reason else "")
     )
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
 def parse_json_body(raw: bytes) -> Any:
-    """The parsed body; raises 400 BadRequest for invalid JSON, NaN, Infinity and -Infinity."""
+    """The parsed body, read by the contract's ``load_json_body`` as the native route reads it; raises 400
+    BadRequest for invalid JSON, NaN, Infinity, -Infinity, an overflowing number and a lone surrogate."""
     try:
-        return json.loads(raw, parse_constant=_reject_constant)
-    except (ValueError, UnicodeDecodeError):
-        raise invalid_json_error() from None
+        return load_json_body(raw)
+    except ChatContractError as exc:
+        raise invalid_json_error(exc.message) from None
 
 
 async def read_body(request: Request, limit: int) -> bytes:

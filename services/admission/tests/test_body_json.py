@@ -1,0 +1,29 @@
+"""Bodies JSON cannot carry to the stores are refused before anything else (the contract's load_json_body)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+SURROGATE = "The request body holds a lone UTF-16 surrogate, which is not valid Unicode."
+
+
+@pytest.mark.parametrize(
+    ("route", "raw", "rc", "message"),
+    [
+        ("chat", b'{"model": "m", "messages": [{"role": "user", "content": "\\ud800"}]}', "BadRequest", SURROGATE),
+        ("text", b'{"prompt": "\\udfff"}', "BadRequest", SURROGATE),
+        ("chat", b'{"model": "m", "temperature": NaN, "messages": []}', "BadRequest", "The request body is not valid JSON."),
+        ("chat", b'{"model": "m", "temperature": 1e400, "messages": []}', "BadRequest", "The request body is not valid JSON."),
+        ("text", b'{"prompt": "a\\u0000b"}', "NulByteInPayload", "The request body contains a NUL character."),
+    ],
+)
+async def test_unstorable_json_is_400(client: Any, route: str, raw: bytes, rc: str, message: str) -> None:
+    r = await client.post(
+        f"/api/v2/generate/{route}/async",
+        content=raw,
+        headers={"apikey": "0000000000", "Content-Type": "application/json"},
+    )
+    assert r.status_code == 400
+    assert r.json() == {"message": message, "rc": rc}
