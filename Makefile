@@ -24,9 +24,12 @@ help:
 setup: .venv/.synced
 
 run: setup
-	@rm -f .local/stores.env .local/ready
 	@mkdir -p .local
-	@$(UV) run --no-sync honcho -f Procfile start
+	@if [ -e .local/run.pid ] && kill -0 "$$(cat .local/run.pid)" 2>/dev/null; then \
+		echo "make run: a local stack from this checkout is already running (pid $$(cat .local/run.pid)); stop it first" >&2; exit 1; fi
+	@rm -f .local/stores.env .local/ready
+	@[ -s .local/proxy-passkey ] || python3 -c 'import secrets; print(secrets.token_urlsafe(24))' > .local/proxy-passkey
+	@echo $$$$ > .local/run.pid; exec $(UV) run --no-sync honcho -f Procfile start
 
 test: setup
 	@$(UV) run --no-sync coverage erase

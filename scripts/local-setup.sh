@@ -30,7 +30,7 @@ cat <<MSG
     -H "Authorization: Bearer $DEMO_KEY" -H "Content-Type: application/json" \\
     -d '{"model": "$MODEL", "messages": [{"role": "user", "content": "Hello, horde!"}]}'
 
-  python -c 'from openai import OpenAI; c = OpenAI(base_url="http://127.0.0.1:7002/v1", api_key="$DEMO_KEY"); print(c.chat.completions.create(model="$MODEL", messages=[{"role": "user", "content": "Hello, horde!"}]).choices[0].message.content)'
+  uv run python -c 'from openai import OpenAI; c = OpenAI(base_url="http://127.0.0.1:7002/v1", api_key="$DEMO_KEY"); print(c.chat.completions.create(model="$MODEL", messages=[{"role": "user", "content": "Hello, horde!"}]).choices[0].message.content)'
 
 MSG
 exec sleep infinity

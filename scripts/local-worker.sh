@@ -9,4 +9,4 @@ export HORDE_WORKER_SUBMIT_URL=${HORDE_WORKER_SUBMIT_URL:-http://127.0.0.1:7103}
 export HORDE_WORKER_NAME=${HORDE_WORKER_NAME:-local-reference-worker}
 export HORDE_WORKER_BACKEND=${HORDE_WORKER_BACKEND:-scripted}
 if [ "$HORDE_WORKER_BACKEND" = scripted ]; then export HORDE_WORKER_MODELS=${HORDE_WORKER_MODELS:-scripted/echo}; fi
-exec uv run --no-sync horde-worker
+exec .venv/bin/horde-worker

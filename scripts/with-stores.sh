@@ -9,4 +9,11 @@ for _ in $(seq 1 600); do [ -f "$wait_for" ] && break; sleep 0.2; done
 [ -f "$wait_for" ] || { echo "timed out waiting for $wait_for" >&2; exit 1; }
 # shellcheck disable=SC1091
 source .local/stores.env
+# The front forwards each client's address to admission with this passkey, so the per-address rate limits
+# count the front's clients one by one (spec: Rate limits).
+if [ -s .local/proxy-passkey ]; then
+  passkey=$(cat .local/proxy-passkey)
+  export HORDE_OAI_PROXY_PASSKEY=${HORDE_OAI_PROXY_PASSKEY:-$passkey}
+  export HORDE_PROXY_PASSKEYS=${HORDE_PROXY_PASSKEYS:-[\"$passkey\"]}
+fi
 exec "$@"

@@ -197,6 +197,26 @@ async def test_horde_admin_cli(
     r = _admin(database_url, "shared-key", "create", "--username", "ghost", in_process=True)
     assert r.returncode == 1 and "no user 'ghost'" in r.stderr, r.stderr
 
+    # worker set: the way out of automatic maintenance
+    owner = created["id"]
+    await conn.execute(
+        "INSERT INTO workers (id, user_id, name, maintenance, maintenance_msg) "
+        "VALUES (gen_random_uuid(), $1, 'w-maint', true, 'dropping too many jobs')",
+        owner,
+    )
+    r = _admin(database_url, "worker", "set", "--name", "w-maint", "--no-maintenance", in_process=True)
+    assert r.returncode == 0, r.stderr
+    shown = json.loads(r.stdout)
+    assert (shown["name"], shown["maintenance"], shown["maintenance_msg"], shown["paused"]) == (
+        "w-maint", False, None, False
+    )
+    row = await conn.fetchrow("SELECT maintenance, maintenance_msg FROM workers WHERE name = 'w-maint'")
+    assert (row["maintenance"], row["maintenance_msg"]) == (False, None)
+    r = _admin(database_url, "worker", "set", "--name", "w-maint", "--paused", in_process=True)
+    assert json.loads(r.stdout)["paused"] is True
+    r = _admin(database_url, "worker", "set", "--name", "nobody", "--no-maintenance", in_process=True)
+    assert r.returncode == 1 and "no worker named 'nobody'" in r.stderr, r.stderr
+
     monkeypatch.delenv("HORDE_DATABASE_URL", raising=False)
     r = _admin("", "migrate", in_process=True)
     assert r.returncode == 2 and "HORDE_DATABASE_URL" in r.stderr

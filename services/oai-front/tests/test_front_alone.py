@@ -122,3 +122,14 @@ def test_lone_surrogate_is_400_not_500(lone_front):
     error = r.json()["error"]
     assert error["code"] == "BadRequest"
     assert error["message"].endswith("The request body holds a lone UTF-16 surrogate, which is not valid Unicode.")
+
+
+def test_stream_of_the_wrong_type_is_400_not_a_silent_non_stream(lone_front):
+    headers = {"Authorization": "Bearer 0000000000", "Content-Type": "application/json"}
+    for key, value in (("stream", "yes"), ("stream", 1), ("stream_options", {"include_usage": "yes"})):
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True, key: value}
+        response = httpx.post(f"{lone_front.url}/v1/chat/completions", json=body, headers=headers)
+        assert response.status_code == 400, (key, value, response.text)
+        error = response.json()["error"]
+        assert error["type"] == "invalid_request_error"
+        assert error["param"] in {"stream", "stream_options.include_usage"}, error

@@ -6,6 +6,8 @@
                          [--concurrency N] [--flagged/--no-flagged] [--min-kudos N] [--deleted/--no-deleted]
     horde-admin shared-key create --username NAME [--kudos N] [--expiry-days N] [--max-text-tokens N]
                                   [--name S]
+    horde-admin worker set --name NAME [--maintenance/--no-maintenance] [--maintenance-msg S]
+                           [--paused/--no-paused]
 
 Every command prints one JSON object on stdout. The database is ``--database-url`` or
 ``HORDE_DATABASE_URL``; the API-key salt is ``HORDE_SECRET_KEY`` (the dev salt when unset).
@@ -65,6 +67,13 @@ def _parser() -> argparse.ArgumentParser:
     upd.add_argument("--concurrency", type=int, default=None)
     for flag in ("trusted", "patron", "flagged", "deleted"):
         upd.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=None)
+
+    worker = sub.add_parser("worker", help="change workers").add_subparsers(dest="action", required=True)
+    wset = worker.add_parser("set", help="take a worker out of (or into) maintenance, pause or resume it")
+    wset.add_argument("--name", required=True, help="the worker's name")
+    wset.add_argument("--maintenance", action=argparse.BooleanOptionalAction, default=None)
+    wset.add_argument("--maintenance-msg", default=None)
+    wset.add_argument("--paused", action=argparse.BooleanOptionalAction, default=None)
 
     key = sub.add_parser("shared-key", help="shared keys").add_subparsers(dest="action", required=True)
     kc = key.add_parser("create", help="create a shared key for a user and print it")
@@ -144,6 +153,8 @@ async def _run_on(conn: asyncpg.Connection, args: argparse.Namespace) -> dict[st
                 deleted=args.deleted,
             )
             return user.to_json()
+        if args.command == "worker" and args.action == "set":
+            return await _set_worker(conn, args)
         if args.command == "shared-key" and args.action == "create":
             shared = await users.create_shared_key(
                 conn,
@@ -157,6 +168,28 @@ async def _run_on(conn: asyncpg.Connection, args: argparse.Namespace) -> dict[st
     except (users.UserNotFound, users.UserExists, ValueError) as exc:
         raise AdminError(str(exc)) from exc
     raise AdminError(f"unknown command {args.command} {getattr(args, 'action', '')}")
+
+
+async def _set_worker(conn: asyncpg.Connection, args: argparse.Namespace) -> dict[str, Any]:
+    """``worker set``: the operator's way out of the automatic maintenance a worker enters after too many
+    dropped jobs (ai-horde-text-path.md §6); unset flags are left as they are."""
+    row = await conn.fetchrow(
+        """
+        UPDATE workers SET
+            maintenance = COALESCE($2, maintenance),
+            maintenance_msg = CASE WHEN $2 IS FALSE THEN NULL ELSE COALESCE($3, maintenance_msg) END,
+            paused = COALESCE($4, paused)
+        WHERE name = $1
+        RETURNING id, name, maintenance, maintenance_msg, paused
+        """,
+        args.name,
+        args.maintenance,
+        args.maintenance_msg,
+        args.paused,
+    )
+    if row is None:
+        raise AdminError(f"no worker named {args.name!r}")
+    return {**dict(row), "id": str(row["id"])}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

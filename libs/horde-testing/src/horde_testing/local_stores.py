@@ -39,6 +39,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--s3-port", type=int, default=7333)
     p.add_argument("--no-migrate", action="store_true", help="do not run the migrations")
     p.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=2.0,
+        help="on SIGTERM, keep the stores up this long so the services' own shutdown can still use them",
+    )
+    p.add_argument(
         "--containers",
         action="store_true",
         help="use Docker containers instead of embedded servers when an engine answers",
@@ -101,6 +107,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"  {key}={_hide_password(shown)}", flush=True)
             while not stop.wait(1.0):
                 pass
+            # The services get the same signal: give their shutdown (a worker's last fault submit, a
+            # janitor pass) a moment to reach the stores before they go (honcho kills after 5 s).
+            time.sleep(args.drain_seconds)
             print("stopping stores", flush=True)
     except KeyboardInterrupt:
         print("start-up interrupted; stores stopped", file=sys.stderr)

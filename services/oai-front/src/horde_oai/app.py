@@ -31,7 +31,11 @@ def create_app(settings: OaiSettings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        horde = HordeClient(settings.oai_horde_url, timeout=settings.oai_native_timeout_seconds)
+        horde = HordeClient(
+            settings.oai_horde_url,
+            timeout=settings.oai_native_timeout_seconds,
+            proxy_passkey=settings.oai_proxy_passkey,
+        )
         signals = SignalHub(settings.front_redis_url())
         cancels = CancelManager(horde, settings.oai_cancel_retry_seconds)
         app.state.horde, app.state.signals, app.state.cancels = horde, signals, cancels

@@ -307,7 +307,12 @@ async def chat_completions(request: Request) -> Response:
     record = RequestRecord(started=started, streamed=streamed, body=screened)
     models = requested_models(screened)
     try:
-        response = await state.horde.submit(apikey, native_body, retries=settings.oai_submit_retries)
+        response = await state.horde.submit(
+            apikey,
+            native_body,
+            retries=settings.oai_submit_retries,
+            client_address=request.client.host if request.client else None,
+        )
     except OpenAIError as unavailable:
         record.finish(unavailable)
         return unavailable.response()

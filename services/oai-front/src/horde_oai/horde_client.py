@@ -42,9 +42,14 @@ class HordeClient:
     """A thin async client of the native chat routes. One instance per process (shared connection pool)."""
 
     def __init__(
-        self, base_url: str, timeout: float = 30.0, transport: httpx.AsyncBaseTransport | None = None
+        self,
+        base_url: str,
+        timeout: float = 30.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+        proxy_passkey: str | None = None,
     ):
         self.base_url = base_url.rstrip("/")
+        self.proxy_passkey = proxy_passkey
         self._client = httpx.AsyncClient(
             base_url=self.base_url,
             timeout=httpx.Timeout(timeout, connect=5.0),
@@ -63,9 +68,20 @@ class HordeClient:
             body = {}
         return NativeResponse(response.status_code, body, response.headers)
 
-    async def submit(self, apikey: str, body: dict[str, Any], retries: int = 2) -> NativeResponse:
+    async def submit(
+        self, apikey: str, body: dict[str, Any], retries: int = 2, client_address: str | None = None
+    ) -> NativeResponse:
         """``POST /v2/generate/chat/async``; a transport error or 5xx is retried (the operation key makes
-        it idempotent). Raises 502 HordeUnavailable when every attempt failed in transport."""
+        it idempotent). Raises 502 HordeUnavailable when every attempt failed in transport.
+
+        With a proxy passkey and the client's address, the call carries ``Proxy-Authorization`` and
+        ``Proxied-For``, so the horde counts its per-address rate limits by the front's client rather than by
+        the front (spec: Rate limits).
+        """
+        headers = {"apikey": apikey}
+        if self.proxy_passkey and client_address:
+            headers["Proxy-Authorization"] = self.proxy_passkey
+            headers["Proxied-For"] = client_address
         last_error: Exception | None = None
         response: NativeResponse | None = None
         for attempt in range(retries + 1):
@@ -73,7 +89,7 @@ class HordeClient:
                 await asyncio.sleep(min(0.5 * 2 ** (attempt - 1), 4.0))
             try:
                 response = await self._call(
-                    "POST", "/v2/generate/chat/async", json=body, headers={"apikey": apikey}
+                    "POST", "/v2/generate/chat/async", json=body, headers=headers
                 )
             except httpx.HTTPError as exc:
                 last_error = exc

@@ -26,7 +26,7 @@ from horde_contract import (
     ChatContractError,
 )
 from horde_contract.request import ChatHordeOptions, parse_horde_options
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from horde_oai.errors import OpenAIError, bad_request
 
@@ -139,11 +139,11 @@ class _Strict(BaseModel):
 class StreamOptions(_Strict):
     """Options of a streamed response."""
 
-    include_usage: bool | None = Field(
+    include_usage: StrictBool | None = Field(
         default=None,
         description="Send one last chunk with `choices: []` and the request's usage before `data: [DONE]`.",
     )
-    include_obfuscation: bool | None = Field(
+    include_obfuscation: StrictBool | None = Field(
         default=None, description="Accepted and ignored: the front does not add obfuscation padding."
     )
 
@@ -154,7 +154,7 @@ class JsonSchemaFormat(_Strict):
     name: str = Field(description="The schema's name.")
     description: str | None = Field(default=None, description="What the schema is for.")
     schema_: dict[str, Any] = Field(alias="schema", description="The JSON schema, forwarded unchanged.")
-    strict: bool | None = Field(
+    strict: StrictBool | None = Field(
         default=None,
         description="Enforce the schema exactly; needs OpenAI's structural rules and a worker guaranteeing it.",
     )
@@ -175,7 +175,7 @@ class FunctionDefinition(BaseModel):
     parameters: dict[str, Any] | None = Field(
         default=None, description="The arguments' JSON schema, forwarded unchanged."
     )
-    strict: bool | None = Field(default=None, description="Apply OpenAI's strict schema rules to parameters.")
+    strict: StrictBool | None = Field(default=None, description="Apply OpenAI's strict schema rules to parameters.")
 
 
 class ToolDefinition(BaseModel):
@@ -229,7 +229,7 @@ class ChatCompletionRequest(_Strict):
     )
     stop: str | list[str] | None = Field(default=None, description="Up to 4 stop sequences.")
     n: int | None = Field(default=None, description="Only 1.")
-    stream: bool | None = Field(default=None, description="Deliver the reply as server-sent events.")
+    stream: StrictBool | None = Field(default=None, description="Deliver the reply as server-sent events.")
     stream_options: StreamOptions | None = None
     user: str | None = Field(default=None, description="Accepted and not applied.")
     metadata: dict[str, str] | None = Field(default=None, description="Accepted and not applied.")
@@ -239,7 +239,7 @@ class ChatCompletionRequest(_Strict):
     tool_choice: Literal["none", "auto", "required"] | ToolChoiceFunction | None = Field(
         default=None, description="Only with tools."
     )
-    parallel_tool_calls: bool | None = Field(default=None, description="Only with tools.")
+    parallel_tool_calls: StrictBool | None = Field(default=None, description="Only with tools.")
     response_format: ResponseFormat | None = None
     horde: ChatHordeOptions | None = Field(
         default=None,
@@ -322,7 +322,7 @@ def find_refused_parameter(body: dict[str, Any]) -> OpenAIError | None:
                         return _unsupported(
                             f"Invalid value: '{kind}'. Supported values are: "
                             + " and ".join(f"'{a}'" for a in allowed)
-                            + (" on a user message." if role == "user" else f" on a {role} message."),
+                            + f" on {'an' if role[:1] in 'aeiou' else 'a'} {role} message.",
                             f"messages[{i}].content[{j}].type={kind}",
                         )
             if "tool_calls" in message and role in SUPPORTED_ROLES and role != "assistant":

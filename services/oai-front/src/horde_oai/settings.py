@@ -37,6 +37,10 @@ class OaiSettings(HordeSettings):
     # Largest body the front reads (the native MAX_CHAT_BODY_BYTES); larger returns 413.
     oai_max_body_bytes: int = Field(default=36 * 1024 * 1024, gt=0)
 
+    # A proxy passkey the horde knows (its HORDE_PROXY_PASSKEYS): the native submit then carries the client's
+    # address, so each client gets its own per-address rate limits instead of sharing the front's.
+    oai_proxy_passkey: str | None = None
+
     def front_redis_url(self) -> str | None:
         """The Redis URL signals are read from, or None when the front runs without Redis."""
         if self.oai_redis_url is None:
