@@ -269,26 +269,6 @@ async def test_context_grows_and_truncates(client: Any, db: Any) -> None:
     assert err(r)[:2] == (400, "PromptExceedsContext")
 
 
-async def test_no_serving_worker_is_403_when_known(client: Any, db: Any, monkeypatch: Any) -> None:
-    from horde_admission import availability
-
-    model = unique_model()
-    monkeypatch.setattr(availability, "TEXT_MODEL_REFERENCE", frozenset({model}))
-    _, key = await new_user(db)
-    r = await post(client, chat_body(model), key)
-    assert err(r) == (403, "NoEligibleWorker", f"No worker is currently serving the model '{model}'.")
-    other = unique_model()
-    monkeypatch.setattr(availability, "TEXT_MODEL_REFERENCE", frozenset({model, other}))
-    body = {"models": [model, other], "messages": [{"role": "user", "content": "x"}]}
-    r = await post(client, body, key)
-    assert err(r) == (
-        403,
-        "NoEligibleWorker",
-        f"No worker is currently serving any of the models '{model}', '{other}'.",
-    )
-    assert "impossible_reason" not in r.json()
-
-
 async def test_operation_key_repeat_and_conflict(make_client: Any, client: Any, db: Any) -> None:
     model = unique_model()
     worker = await add_chat_worker(db, model)

@@ -7,14 +7,38 @@ from horde_admission import kudos
 from horde_admission.settings import AdmissionSettings
 from horde_admission.sizing import lower_max_length, size_bucket, size_context
 from horde_admission.status import counts
+from horde_contract import TextModelReference
 from horde_contract.errors import ChatContractError
+
+EMPTY = TextModelReference()
+REFERENCE = TextModelReference.from_mapping(
+    {"org/small-7b": {"parameters": 7_000_000_000}, "org/big-70b": {"parameters": 70_000_000_000}}
+)
 
 
 def test_quote_matches_text_formula() -> None:
     # ctx(2048) = 1.2 + 2.2^1 = 3.4; unknown model prices at P = 1 (no 500).
-    assert kudos.quote_generation(["x"], 1024, 2048) == round(1024 * 3.4 / 100, 2)
-    assert kudos.quote_generation([], 100, 2048) == round(100 * 13 * 3.4 / 100, 2)
-    assert kudos.quote_request(["x"], 1024, 2048) == round(34.82 + 1 + 1)
+    assert kudos.quote_generation(["x"], 1024, 2048, reference=EMPTY) == round(1024 * 3.4 / 100, 2)
+    assert kudos.quote_generation([], 100, 2048, reference=EMPTY) == round(100 * 13 * 3.4 / 100, 2)
+    assert kudos.quote_request(["x"], 1024, 2048, reference=EMPTY) == round(34.82 + 1 + 1)
+
+
+def test_quote_reads_the_first_listed_model() -> None:
+    big = round(1024 * (70 / 13) ** 0.2 * 70 * 3.4 / 100, 2)
+    assert kudos.quote_generation(["org/big-70b", "org/small-7b"], 1024, 2048, reference=REFERENCE) == big
+    assert kudos.quote_generation(["koboldcpp/small-7b", "org/big-70b"], 1024, 2048, reference=REFERENCE) == (
+        round(1024 * 7 * 3.4 / 100, 2)
+    )
+    assert kudos.quote_request(["org/big-70b"], 1024, 2048, n=2, tax=1, reference=REFERENCE) == round(
+        (big + 1) * 2 + 1
+    )
+    # the shared key amount is priced at the highest multiplier: the big model wherever it is listed
+    for models in (["org/small-7b", "org/big-70b"], ["org/big-70b", "org/small-7b"]):
+        assert kudos.shared_key_amount(models, 1024, 2048, reference=REFERENCE) == round(big + 1 + 1)
+    assert kudos.shared_key_amount(["x"], 1024, 2048, reference=EMPTY) == kudos.quote_request(
+        ["x"], 1024, 2048, reference=EMPTY
+    )
+    assert kudos.shared_key_amount([], 100, 2048, reference=EMPTY) == round(44.2 + 1 + 1)
 
 
 def test_context_multiplier_is_clamped() -> None:
@@ -39,8 +63,10 @@ def test_estimated_wait() -> None:
 
 
 def test_hold_amount_uses_highest_multiplier() -> None:
-    assert kudos.hold_amount(["a", "b"], 2100) == 100.0
-    assert kudos.hold_amount([], 2100, n=2) == 40.0
+    assert kudos.hold_amount(["a", "b"], 2100, reference=EMPTY) == 100.0
+    assert kudos.hold_amount([], 2100, n=2, reference=EMPTY) == 40.0
+    assert kudos.hold_amount(["org/small-7b", "org/big-70b"], 2100, reference=REFERENCE) == 7000.0
+    assert kudos.hold_amount(["org/small-7b", "unknown"], 2100, n=2, reference=REFERENCE) == 1400.0
 
 
 def test_no_eligible_worker_with_gap() -> None:

@@ -91,6 +91,7 @@ from .limits import (
     UNMEASURED_TEXT_WORKER_TOKENS_PER_SECOND,
     UNTRUSTED_TEXT_JOB_LEASE_CAP_SECONDS,
 )
+from .model_reference import TextModelReference
 from .progress import (
     ChatProgress,
     chat_job_aborted_error,
@@ -303,6 +304,7 @@ __all__ = [
     "ChatSubmitState",
     "ChatTextParams",
     "TextGenerationParams",
+    "TextModelReference",
     "TextSubmit",
     "VerifiedReply",
     "answer_chat_extras",

@@ -50,6 +50,10 @@ class HordeSettings(BaseSettings):
     log_json: bool = True
     shutdown_grace_seconds: float = 10.0
     janitor_interval_seconds: float = Field(default=60.0, gt=0)
+    #: A local JSON file in the upstream text model reference's db.json format, read once at process start
+    #: (horde_store.model_reference). Unset or empty: an empty reference, so a model is known only when an
+    #: online chat worker serves it and every model prices as unknown.
+    text_model_reference: str | None = None
 
     def dispatch_target(self) -> str:
         """gRPC target of dispatch's WorkerPoolService (``host:port``)."""

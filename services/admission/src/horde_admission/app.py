@@ -14,6 +14,7 @@ from horde_core.app import include_native
 from horde_core.grpc import insecure_channel
 from horde_core.redis_keys import redis_client, signal_client
 from horde_store.db import create_pool
+from horde_store.model_reference import load_text_model_reference
 from horde_store.objects import make_s3_client
 
 from horde_admission import chat, models, text
@@ -33,8 +34,13 @@ async def _create_pool(settings: AdmissionSettings) -> asyncpg.Pool:
 
 
 def create_app(settings: AdmissionSettings | None = None) -> FastAPI:
-    """Build the admission app. The lifespan opens the pool, Redis, the WorkerPool and Settlement channels."""
+    """Build the admission app. The lifespan opens the pool, Redis, the WorkerPool and Settlement channels.
+
+    The text model reference is read here, so a missing or unreadable HORDE_TEXT_MODEL_REFERENCE stops the
+    process at start (TextModelReferenceError).
+    """
     settings = settings or AdmissionSettings()
+    model_reference = load_text_model_reference(settings.text_model_reference)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -56,6 +62,7 @@ def create_app(settings: AdmissionSettings | None = None) -> FastAPI:
             limiter=RateLimiter(settings),
             fetcher=fetcher,
             images=ImageStore(make_s3_client(settings), settings.s3_image_bucket, cache),
+            model_reference=model_reference,
         )
 
         async def database() -> object:

@@ -2,8 +2,8 @@
 
 Spec: chat-requests.md **Known models** (404 UnknownChatModel, 403 NoEligibleWorker), **Context adjustments**
 (max_length lowering, growth bound), **Impossible reason**, **Free output allowance** (eligible threads and
-speed). The text model reference is an empty in-memory list for now, so a model is known exactly when an
-online chat worker serves it.
+speed). The text model reference (``HORDE_TEXT_MODEL_REFERENCE``, loaded at process start) is in memory; the
+worker pool is asked about a model only when the reference does not list it.
 """
 
 from __future__ import annotations
@@ -16,17 +16,10 @@ from typing import Any
 
 import grpc
 from horde.dispatch.v1 import worker_pool_pb2
+from horde_contract import TextModelReference
 from horde_core.errors import HordeError
 
 log = logging.getLogger(__name__)
-
-#: The text model reference (model_reference.is_known_text_model); empty until it is loaded (simplified).
-TEXT_MODEL_REFERENCE: frozenset[str] = frozenset()
-
-
-def is_known_text_model(model: str) -> bool:
-    """True when the in-memory text model reference lists ``model`` (empty for now)."""
-    return model.split("::", 1)[0] in TEXT_MODEL_REFERENCE
 
 
 @dataclass
@@ -139,27 +132,33 @@ def unknown_model_error(model: str, index: int | None) -> HordeError:
 
 
 async def check_models(
-    stub: Any, needs: RequestNeeds, single_model_key: bool, deadline: float
+    stub: Any,
+    needs: RequestNeeds,
+    single_model_key: bool,
+    deadline: float,
+    reference: TextModelReference,
 ) -> Availability:
     """Refuse unknown or unserved models, then return the request's availability (spec: Known models).
 
-    One GetAvailability for the whole request (the growth bound, lowering and allowance inputs). With several
-    models it also asks per model, concurrently, which of them an online chat worker serves, so the first
-    unknown entry is refused with its path; an unknown entry is never dropped.
+    A model is known when ``reference`` lists it or an online chat worker serves it. One GetAvailability for
+    the whole request (the growth bound, lowering and allowance inputs, and whether any requested model is
+    served). With several models it also asks, concurrently, about each entry the reference does not list, so
+    the first unknown entry is refused with its path; an unknown entry is never dropped.
     """
     whole = await get_availability(stub, needs, deadline)
     models = needs.models
     if len(models) == 1:
         if whole.serving_workers == 0:
-            if not is_known_text_model(models[0]):
+            if not reference.is_known(models[0]):
                 raise unknown_model_error(models[0], None if single_model_key else 0)
             raise no_serving_worker_error(models, single_model_key)
         return whole
+    unlisted = [(index, model) for index, model in enumerate(models) if not reference.is_known(model)]
     per_model = await asyncio.gather(
-        *(get_availability(stub, RequestNeeds(models=[m]), deadline) for m in models)
+        *(get_availability(stub, RequestNeeds(models=[model]), deadline) for _, model in unlisted)
     )
-    for index, (model, found) in enumerate(zip(models, per_model, strict=True)):
-        if found.serving_workers == 0 and not is_known_text_model(model):
+    for (index, model), found in zip(unlisted, per_model, strict=True):
+        if found.serving_workers == 0:
             raise unknown_model_error(model, index)
     if whole.serving_workers == 0:
         raise no_serving_worker_error(models, single_model_key)

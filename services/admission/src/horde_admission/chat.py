@@ -116,7 +116,11 @@ async def chat_async(request: Request) -> JSONResponse:
     requested_context = chat.max_context_length or contract.TEXT_DEFAULT_MAX_CONTEXT_LENGTH
     needs = request_needs(chat, requester, chat.max_length, requested_context)
     availability = await check_models(
-        state.worker_pool, needs, chat.model_key == "model", settings.availability_timeout_seconds
+        state.worker_pool,
+        needs,
+        chat.model_key == "model",
+        settings.availability_timeout_seconds,
+        state.model_reference,
     )
     adjustments: list[dict[str, Any]] = []
     max_length, lowered = lower_max_length(chat.max_length, availability.max_chat_length, horde.dry_run)
@@ -146,8 +150,9 @@ async def chat_async(request: Request) -> JSONResponse:
             state.worker_pool, needs, availability, settings.availability_timeout_seconds
         )
 
+    tax = horde_tax(settings, chat.image_count)
     estimate = kudos.quote_request(
-        chat.models, sized.max_length, sized.max_context_length, 1, horde_tax(settings, chat.image_count)
+        chat.models, sized.max_length, sized.max_context_length, 1, tax, reference=state.model_reference
     )
     if horde.max_kudos is not None and estimate > horde.max_kudos:
         raise contract.kudos_cap_exceeded_error(estimate, horde.max_kudos)
@@ -174,11 +179,24 @@ async def chat_async(request: Request) -> JSONResponse:
             },
         )
 
-    check_shared_key(requester, sized.max_length, estimate, availability)
+    if requester.shared_key_id is not None:
+        key_amount = kudos.shared_key_amount(
+            list(chat.models),
+            sized.max_length,
+            sized.max_context_length,
+            1,
+            tax,
+            reference=state.model_reference,
+        )
+        check_shared_key(requester, sized.max_length, key_amount, availability)
     allowance = await free_allowance(state, list(chat.models), availability, requester, chat=True)
     lists_workers = bool(horde.only or horde.ignore)
     needs_hold = needs_upfront(settings, sized.max_length, allowance, horde.slow_workers, lists_workers)
-    hold = kudos.hold_amount(list(chat.models), sized.max_length) if needs_hold else 0.0
+    hold = (
+        kudos.hold_amount(list(chat.models), sized.max_length, reference=state.model_reference)
+        if needs_hold
+        else 0.0
+    )
     request_uuid = uuid.uuid4()
     # The row holds horde-r2:// references, never image bytes or the submitted URL.
     messages = images.reference_images(sized.messages, parts, request_uuid) if parts else sized.messages
@@ -209,7 +227,7 @@ async def chat_async(request: Request) -> JSONResponse:
         chat_conformance=chat.conformance.value,
         chat_tools_temperature=chat.tools_temperature,
         kudos_estimate=float(estimate),
-        tax=horde_tax(settings, chat.image_count),
+        tax=tax,
         flagged_user=requester.flagged,
         stream_progress=chat.stream,
         has_images=chat.image_count > 0,

@@ -59,10 +59,11 @@ def client_agent(request: Request) -> str:
 
 
 def check_shared_key(
-    requester: Requester, max_length: int, estimate: float, availability: Availability
+    requester: Requester, max_length: int, amount: float, availability: Availability
 ) -> None:
     """A shared key's limits (text path §5): 400 above its max_text_tokens, 403 SharedKeyInsufficientKudos
-    when the estimate exceeds its kudos (403 NoEligibleWorker instead when no online worker can serve)."""
+    when ``amount`` (:func:`kudos.shared_key_amount`: the estimate at the highest multiplier across the
+    list) exceeds its kudos (403 NoEligibleWorker instead when no online worker can serve)."""
     if requester.shared_key_id is None:
         return
     limit = requester.shared_key_max_text_tokens
@@ -73,11 +74,11 @@ def check_shared_key(
             f"This shared key is limited to {limit} tokens per request; max_tokens is {max_length}.",
         )
     key_kudos = requester.shared_key_kudos
-    if key_kudos is not None and key_kudos != -1 and estimate > key_kudos:
+    if key_kudos is not None and key_kudos != -1 and amount > key_kudos:
         if availability.eligible_workers == 0:
             raise kudos.no_eligible_worker_for_kudos(availability.impossible_reason())
         raise HordeError(
             403,
             "SharedKeyInsufficientKudos",
-            f"This shared key has {key_kudos:g} kudos left; the request needs {estimate:g}.",
+            f"This shared key has {key_kudos:g} kudos left; the request needs {amount:g}.",
         )

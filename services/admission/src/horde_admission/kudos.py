@@ -2,14 +2,15 @@
 
 Spec: chat-requests.md **Free output allowance**, **Pricing** (quote from the first listed model, upfront
 checks at the highest multiplier), **Request body** (horde.max_kudos); text path §4 (quote formula), §5 (hold
-amount, KudosUpfront). The text model reference is empty for now, so every model prices at the default
-multiplier (1).
+amount, KudosUpfront). Multipliers come from the text model reference (``HORDE_TEXT_MODEL_REFERENCE``,
+text path §10): ``parameters / 1e9`` for a listed model, 1 otherwise.
 """
 
 from __future__ import annotations
 
 import math
 
+from horde_contract import TextModelReference
 from horde_core.errors import HordeError
 from horde_core.metrics import counter, histogram
 
@@ -27,43 +28,69 @@ FREE_ALLOWANCE_WAIT = histogram(
 )
 
 
-def model_multiplier(model: str | None) -> float:
-    """``parameters / 1e9`` of a known text model, else 1 (get_text_model_multiplier; reference empty)."""
-    return 1.0
-
-
 def context_multiplier(max_context_length: int) -> float:
     """``clamp(1.2 + 2.2^log2(ctx/1024), 0.1, 30)`` (text path §4, the quote's context factor)."""
     value = 1.2 + float(2.2 ** math.log2(max(max_context_length, 1) / 1024))
     return min(max(value, 0.1), 30.0)
 
 
-def quote_generation(models: list[str], max_length: int, max_context_length: int) -> float:
-    """TextWaitingPrompt.calculate_kudos: the kudos of one generation at the full max_length.
-
-    Priced at the first listed model (the default multiplier when it is unknown, never a 500).
-    """
+def _generation_at(p: float, max_length: int, max_context_length: int) -> float:
+    """``round(max_length * bonus * P * ctx / 100, 2)`` with ``bonus = (max(P, 13) / 13) ** 0.2``."""
     ctx = context_multiplier(max_context_length)
-    if not models:
-        return round(max_length * 13 * ctx / 100, 2)
-    p = model_multiplier(models[0])
     bonus = float((max(p, 13) / 13) ** 0.2)
     return round(max_length * bonus * p * ctx / 100, 2)
 
 
+def quote_generation(
+    models: list[str], max_length: int, max_context_length: int, *, reference: TextModelReference
+) -> float:
+    """TextWaitingPrompt.calculate_kudos: the kudos of one generation at the full max_length.
+
+    Priced at the first listed model (the default multiplier when it is unknown, never a 500).
+    """
+    if not models:
+        ctx = context_multiplier(max_context_length)
+        return round(max_length * 13 * ctx / 100, 2)
+    return _generation_at(reference.multiplier(models[0]), max_length, max_context_length)
+
+
 def quote_request(
-    models: list[str], max_length: int, max_context_length: int, n: int = 1, tax: float = 1.0
+    models: list[str],
+    max_length: int,
+    max_context_length: int,
+    n: int = 1,
+    tax: float = 1.0,
+    *,
+    reference: TextModelReference,
 ) -> int:
     """The request's kudos estimate, as a dry run returns it: ``round((gen + 1) * n + tax)``."""
-    return round((quote_generation(models, max_length, max_context_length) + 1) * n + tax)
+    gen = quote_generation(models, max_length, max_context_length, reference=reference)
+    return round((gen + 1) * n + tax)
 
 
-def hold_amount(models: list[str], max_length: int, n: int = 1) -> float:
-    """The upfront hold: ``round(max_length * maxP / 21, 2) * n`` (20 per job without models)."""
+def shared_key_amount(
+    models: list[str],
+    max_length: int,
+    max_context_length: int,
+    n: int = 1,
+    tax: float = 1.0,
+    *,
+    reference: TextModelReference,
+) -> int:
+    """What a shared key has to cover: the estimate priced at the highest multiplier across the list, so a
+    cheap model listed first does not lower it (spec: Pricing). Equals the estimate for a single model."""
+    if not models:
+        return quote_request(models, max_length, max_context_length, n, tax, reference=reference)
+    gen = _generation_at(reference.highest_multiplier(models), max_length, max_context_length)
+    return round((gen + 1) * n + tax)
+
+
+def hold_amount(models: list[str], max_length: int, n: int = 1, *, reference: TextModelReference) -> float:
+    """The upfront hold: ``round(max_length * maxP / 21, 2) * n`` (20 per job without models), maxP the
+    highest multiplier across the list."""
     if not models:
         return 20.0 * n
-    max_p = max(model_multiplier(m) for m in models)
-    return round(max_length * max_p / 21, 2) * n
+    return round(max_length * reference.highest_multiplier(models) / 21, 2) * n
 
 
 def estimated_wait_seconds(

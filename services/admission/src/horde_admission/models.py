@@ -13,9 +13,9 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from horde_contract import TextModelReference
 from horde_core.errors import HordeError
 
-from horde_admission.availability import is_known_text_model
 from horde_admission.state import get_state
 
 log = logging.getLogger(__name__)
@@ -102,11 +102,12 @@ def _entry(row: Any, chat: bool) -> dict[str, Any]:
     return entry
 
 
-def _state_filter(name: str, model_state: str) -> bool:
+def _state_filter(name: str, model_state: str, reference: TextModelReference) -> bool:
+    """``model_state``: known lists what the text model reference lists, custom the rest, all everything."""
     if model_state == "known":
-        return is_known_text_model(name)
+        return reference.is_known(name)
     if model_state == "custom":
-        return not is_known_text_model(name)
+        return not reference.is_known(name)
     return True
 
 
@@ -145,7 +146,7 @@ async def status_models(
     for row in rows:
         if chat and row["chat_workers"] is None:
             continue
-        if not _state_filter(row["name"], model_state):
+        if not _state_filter(row["name"], model_state, state.model_reference):
             continue
         count = int(row["count"])
         if min_count is not None and count < min_count:

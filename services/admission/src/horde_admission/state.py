@@ -10,6 +10,7 @@ from fastapi import Request
 if TYPE_CHECKING:
     import asyncpg
     import grpc
+    from horde_contract import TextModelReference
     from redis.asyncio import Redis
 
     from horde_admission.images import ImageFetcher, ImageStore
@@ -32,6 +33,8 @@ class AdmissionState:
     limiter: RateLimiter
     fetcher: ImageFetcher
     images: ImageStore
+    #: The text model reference (HORDE_TEXT_MODEL_REFERENCE), loaded once when the app is built.
+    model_reference: TextModelReference
 
 
 def get_state(request: Request) -> AdmissionState:

@@ -127,7 +127,9 @@ async def text_async(request: Request) -> JSONResponse:
     max_length = int(params.get("max_length", contract.TEXT_DEFAULT_MAX_LENGTH))
     context = int(params.get("max_context_length", contract.TEXT_DEFAULT_MAX_CONTEXT_LENGTH))
     tax = horde_tax(settings)
-    estimate = kudos.quote_request(values["models"], max_length, context, n, tax)
+    estimate = kudos.quote_request(
+        values["models"], max_length, context, n, tax, reference=state.model_reference
+    )
     if values["dry_run"]:
         return JSONResponse(status_code=200, content={"kudos": estimate})
 
@@ -137,7 +139,11 @@ async def text_async(request: Request) -> JSONResponse:
     needs_hold = needs_upfront(
         settings, max_length, allowance, values["slow_workers"], bool(values["workers"])
     )
-    hold = kudos.hold_amount(values["models"], max_length, n) if needs_hold else 0.0
+    hold = (
+        kudos.hold_amount(values["models"], max_length, n, reference=state.model_reference)
+        if needs_hold
+        else 0.0
+    )
 
     def new_request(length: int, slow: bool) -> store.NewRequest:
         return store.NewRequest(

@@ -13,9 +13,9 @@ from horde_core.app import include_native
 from horde_core.grpc import start_grpc_server
 from horde_core.redis_keys import signal_client
 from horde_store.db import create_pool
+from horde_store.model_reference import load_text_model_reference
 
 from horde_submit.grpc_server import SERVICE_NAME, SettlementServicer, registrar
-from horde_submit.models import ModelReference
 from horde_submit.progress import ProgressHandler
 from horde_submit.progress import router as progress_router
 from horde_submit.settings import SubmitSettings
@@ -28,7 +28,12 @@ log = logging.getLogger(__name__)
 def create_app(settings: SubmitSettings) -> FastAPI:
     """Build the submit app. Its lifespan opens the PostgreSQL pool and the Redis signal client, starts the
     Settlement gRPC server on ``settings.submit_grpc_port`` (unless ``submit_grpc_enabled`` is false) and
-    registers the ``postgres`` and ``redis`` readiness checks."""
+    registers the ``postgres`` and ``redis`` readiness checks.
+
+    The text model reference (HORDE_TEXT_MODEL_REFERENCE) is read here, so a missing or unreadable file stops
+    the process at start (TextModelReferenceError); generations are priced at their served model's size.
+    """
+    models = load_text_model_reference(settings.text_model_reference)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -36,7 +41,6 @@ def create_app(settings: SubmitSettings) -> FastAPI:
             settings.database_url, min_size=settings.db_pool_min_size, max_size=settings.db_pool_max_size
         )
         signal = signal_client(settings.redis_url)
-        models = ModelReference()
         app.state.submitter = Submitter(pool=pool, signal=signal, salt=settings.secret_key, models=models)
         app.state.progress = ProgressHandler(pool=pool, signal=signal, salt=settings.secret_key)
 

@@ -15,10 +15,10 @@ import asyncpg
 import grpc
 import redis.asyncio as redis
 from horde.submit.v1 import settlement_pb2, settlement_pb2_grpc
+from horde_contract import TextModelReference
 
 from horde_submit import generations as gens
 from horde_submit.faults import apply_fault
-from horde_submit.models import ModelReference
 from horde_submit.settle import settle_cancelled_generation
 
 log = logging.getLogger(__name__)
@@ -30,11 +30,11 @@ class SettlementServicer(settlement_pb2_grpc.SettlementServiceServicer):  # type
     """Serves the settlement RPCs against the shared pool and signal client."""
 
     def __init__(
-        self, pool: asyncpg.Pool, signal: redis.Redis | None, models: ModelReference | None = None
+        self, pool: asyncpg.Pool, signal: redis.Redis | None, models: TextModelReference | None = None
     ) -> None:
         self.pool = pool
         self.signal = signal
-        self.models = models or ModelReference()
+        self.models = models if models is not None else TextModelReference()
 
     async def FaultGeneration(
         self, request: settlement_pb2.FaultGenerationRequest, context: grpc.aio.ServicerContext

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 import asyncpg
 import redis.asyncio as redis
+from horde_contract import TextModelReference
 from horde_core.redis_keys import progress_stream_key, stream_lease_key
 
 from horde_submit import generations as gens
 from horde_submit import pricing
-from horde_submit.models import ModelReference
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class CancelSettlement:
 
 
 async def settle_cancelled_generation(
-    pool: asyncpg.Pool, signal: redis.Redis | None, models: ModelReference, generation_id: uuid.UUID
+    pool: asyncpg.Pool, signal: redis.Redis | None, models: TextModelReference, generation_id: uuid.UUID
 ) -> CancelSettlement:
     """Price the posted content, pay and charge, and fault the generation as cancelled (one transaction)."""
     async with pool.acquire() as conn:

@@ -26,7 +26,7 @@ import asyncpg
 import redis.asyncio as redis
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse
-from horde_contract import answer_chat_extras
+from horde_contract import TextModelReference, answer_chat_extras
 from horde_contract.errors import RC, ChatContractError
 from horde_contract.limits import CHAT_CHARGE_BASIS_OUTPUT_ESTIMATE
 from horde_contract.vocab import chat_worker_fault_label, chat_worker_fault_message
@@ -57,7 +57,6 @@ from horde_submit.metrics import (
     flag,
     size_bucket,
 )
-from horde_submit.models import ModelReference
 from horde_submit.signals import ChatSignal, publish
 from horde_submit.streams import delete_lease
 
@@ -99,12 +98,13 @@ def model_mismatch(model_id: Any, assigned: str) -> ChatContractError:
 
 @dataclass
 class Submitter:
-    """The submit route's state: the pool, the signal client and the model reference."""
+    """The submit route's state: the pool, the signal client and the text model reference (which prices a
+    generation at its served model's multiplier)."""
 
     pool: asyncpg.Pool
     signal: redis.Redis | None
     salt: str
-    models: ModelReference
+    models: TextModelReference
 
     # -- entry point --------------------------------------------------------------------------------------
 

@@ -1,0 +1,119 @@
+"""The text model reference as the Horde reads it: which model names are known and their size.
+
+Text path §10 (``horde/model_reference.py``, the text-model-reference ``convert.py``); spec: chat-requests.md
+**Known models** and **Pricing**. Pure: the caller reads the upstream ``db.json`` mapping
+(``{"org/name": {"name": ..., "parameters": 7000000000, ...}, ...}``) and hands it to
+:meth:`TextModelReference.from_mapping`.
+
+- Naming: each ``org/name`` row also answers as ``aphrodite/org/name`` and ``koboldcpp/name`` (org dropped), as
+  ``convert.py`` writes them; a row already under one of those prefixes is kept as it is, and a row the file
+  lists explicitly wins over a derived name.
+- Lookup (``is_known_text_model``, ``get_text_model_multiplier``): a ``::user#id`` suffix is dropped, the name
+  is matched exactly, then retried with every quantization suffix (:data:`QUANT_SUFFIX`) removed.
+- The multiplier is ``parameters / 1e9`` for a known model and 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "DERIVED_NAME_PREFIXES",
+    "QUANT_SUFFIX",
+    "TextModelReference",
+]
+
+#: A quantization suffix such as ``-Q4_K_M`` or ``.Q8_0`` (upstream ``ModelReference.no_q_regex``).
+QUANT_SUFFIX = re.compile(r"[.,-][a-zA-Z0-9]+?-?Q(-[Ii]nt)?[2-9]{1,2}([_.-][0-9a-zA-Z]+)*")
+#: The backend prefixes ``convert.py`` derives names under (``aphrodite/org/name``, ``koboldcpp/name``).
+DERIVED_NAME_PREFIXES = ("aphrodite/", "koboldcpp/")
+#: The default multiplier of a model the reference does not list.
+DEFAULT_MULTIPLIER = 1.0
+
+
+def _parameters(key: str, row: Any) -> int:
+    """The row's ``parameters`` as a positive integer (``int(parameters)`` upstream); ValueError otherwise."""
+    if not isinstance(row, Mapping):
+        raise ValueError(f"text model reference entry {key!r} is not an object")
+    value = row.get("parameters")
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError(f"text model reference entry {key!r} has no numeric 'parameters'")
+    try:
+        parameters = int(value)
+    except (ValueError, OverflowError):
+        raise ValueError(f"text model reference entry {key!r} has no numeric 'parameters'") from None
+    if parameters <= 0:
+        raise ValueError(f"text model reference entry {key!r} has 'parameters' {value!r}, not positive")
+    return parameters
+
+
+def _derived_names(key: str) -> tuple[str, ...]:
+    """The names ``convert.py`` writes for a reference row (none for a row already under a backend prefix)."""
+    if key.startswith(DERIVED_NAME_PREFIXES):
+        return ()
+    short = key.split("/")[1] if "/" in key else key
+    return (f"aphrodite/{key}", f"koboldcpp/{short}")
+
+
+def _base_name(name: str) -> str:
+    """``name`` without its ``::user#id`` suffix (only a single ``::`` separates one, as upstream)."""
+    parts = name.split("::")
+    return parts[0] if len(parts) == 2 else name
+
+
+@dataclass(frozen=True)
+class TextModelReference:
+    """Known text models and their parameter counts, by every name the reference answers to."""
+
+    parameters: Mapping[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_mapping(cls, db: Mapping[str, Any]) -> TextModelReference:
+        """Build the reference from the upstream ``db.json`` mapping, with the naming expansion.
+
+        Raises ValueError for an entry that is not an object or lacks positive numeric ``parameters``.
+        """
+        explicit: dict[str, int] = {}
+        for key, row in db.items():
+            if not isinstance(key, str) or not key:
+                raise ValueError(f"text model reference key {key!r} is not a model name")
+            explicit[key] = _parameters(key, row)
+        names: dict[str, int] = {}
+        for key, parameters in explicit.items():
+            for derived in _derived_names(key):
+                names.setdefault(derived, parameters)
+        names.update(explicit)
+        return cls(parameters=names)
+
+    def __len__(self) -> int:
+        return len(self.parameters)
+
+    def _lookup(self, name: str | None) -> int | None:
+        if not name:
+            return None
+        base = _base_name(name)
+        found = self.parameters.get(base)
+        if found is None:
+            found = self.parameters.get(QUANT_SUFFIX.sub("", base))
+        return found
+
+    def is_known(self, name: str | None) -> bool:
+        """``is_known_text_model``: True when the reference lists ``name`` (after the lookup rules)."""
+        return self._lookup(name) is not None
+
+    def parameters_billion(self, name: str | None) -> float | None:
+        """The model's ``parameters / 1e9``, or None when the reference does not list it."""
+        found = self._lookup(name)
+        return None if found is None else found / 1e9
+
+    def multiplier(self, name: str | None) -> float:
+        """``get_text_model_multiplier``: ``parameters / 1e9`` of a known model, else 1."""
+        found = self.parameters_billion(name)
+        return DEFAULT_MULTIPLIER if found is None else found
+
+    def highest_multiplier(self, names: list[str]) -> float:
+        """The highest multiplier across ``names`` (the upfront hold and shared-key checks); 1 for none."""
+        return max((self.multiplier(n) for n in names), default=DEFAULT_MULTIPLIER)
