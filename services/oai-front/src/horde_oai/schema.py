@@ -322,7 +322,7 @@ def find_refused_parameter(body: dict[str, Any]) -> OpenAIError | None:
                         return _unsupported(
                             f"Invalid value: '{kind}'. Supported values are: "
                             + " and ".join(f"'{a}'" for a in allowed)
-                            + f" on {'an' if role[:1] in 'aeiou' else 'a'} {role} message.",
+                            + f" on {'an' if str(role)[:1] in 'aeiou' else 'a'} {role} message.",
                             f"messages[{i}].content[{j}].type={kind}",
                         )
             if "tool_calls" in message and role in SUPPORTED_ROLES and role != "assistant":
