@@ -25,7 +25,9 @@ def build_app():
 
     @router.get("/v2/refuse")
     async def refuse() -> None:
-        raise HordeError(403, "NoEligibleWorker", "No worker is currently serving the model 'x'.", extra_key=1)
+        raise HordeError(
+            403, "NoEligibleWorker", "No worker is currently serving the model 'x'.", extra_key=1
+        )
 
     @router.get("/v2/boom")
     async def boom() -> None:
@@ -109,3 +111,52 @@ async def test_unknown_route_and_unhandled_error(client: httpx.AsyncClient) -> N
     r = await client.get("/v2/boom")
     assert r.status_code == 500
     assert r.json() == {"message": "Internal Server Error", "rc": "InternalServerError"}
+
+
+async def test_store_outage_is_503_with_retry_after() -> None:
+    import asyncpg
+    import redis.exceptions
+
+    app = build_app()
+    router = APIRouter()
+    raised: list[Exception] = [
+        ConnectionRefusedError(111, "Connection refused"),
+        asyncpg.exceptions.ConnectionDoesNotExistError("connection was closed in the middle of operation"),
+        asyncpg.exceptions.CannotConnectNowError("the database system is shutting down"),
+        redis.exceptions.ConnectionError("Error 111 connecting to 127.0.0.1:6379."),
+    ]
+
+    @router.get("/v2/outage/{n}")
+    async def outage(n: int) -> None:
+        raise raised[n]
+
+    include_native(app, router)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app, raise_app_exceptions=False), base_url="http://t"
+    ) as c:
+        for n in range(len(raised)):
+            r = await c.get(f"/v2/outage/{n}")
+            assert r.status_code == 503, raised[n]
+            assert r.headers["retry-after"] == "5"
+            assert r.json() == {
+                "message": "A store this service needs is unreachable; retry shortly.",
+                "rc": "ServiceUnavailable",
+            }
+
+
+async def test_horde_error_headers_are_sent() -> None:
+    app = build_app()
+    router = APIRouter()
+
+    @router.get("/v2/limited")
+    async def limited() -> None:
+        raise HordeError(
+            429, "RateLimitExceeded", "Rate limit exceeded: 2 per 1 second", headers={"Retry-After": "1"}
+        )
+
+    include_native(app, router)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+        r = await c.get("/v2/limited")
+    assert r.status_code == 429
+    assert r.headers["retry-after"] == "1"
+    assert r.json() == {"message": "Rate limit exceeded: 2 per 1 second", "rc": "RateLimitExceeded"}

@@ -480,6 +480,8 @@ async def test_rate_limit_per_address(make_client: Any, db: Any) -> None:
     assert codes == [200, 200, 429]
     r = await post(limited, chat_body(model, horde={"dry_run": True}), key)
     assert r.json() == {"message": "Rate limit exceeded: 2 per 1 minute", "rc": "RateLimitExceeded"}
+    # Retry-After: the seconds until the fixed window resets (an SDK retries then)
+    assert 1 <= int(r.headers["retry-after"]) <= 60
     # the text route counts separately
     r = await limited.post(
         "/api/v2/generate/text/async", json={"prompt": "x", "dry_run": True}, headers={"apikey": key}

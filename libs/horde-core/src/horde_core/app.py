@@ -44,12 +44,47 @@ def _contract_error_response(exc: Exception) -> JSONResponse:
     return JSONResponse(status_code=exc.status, content=body)  # type: ignore[attr-defined]
 
 
+STORE_OUTAGE_RETRY_AFTER_SECONDS = 5
+
+
+def store_outage_errors() -> tuple[type[Exception], ...]:
+    """The exceptions that mean a store is down or unreachable (answered 503 ``ServiceUnavailable``): the
+    stdlib's connection errors, asyncpg's connection and shutdown errors and redis-py's connection and timeout
+    errors, for whichever of those clients the process has installed."""
+    errors: list[type[Exception]] = [ConnectionError]
+    try:
+        import asyncpg
+    except ImportError:  # pragma: no cover - the front has no asyncpg
+        pass
+    else:
+        errors += [asyncpg.exceptions.PostgresConnectionError, asyncpg.exceptions.CannotConnectNowError]
+    import redis.exceptions
+
+    errors += [redis.exceptions.ConnectionError, redis.exceptions.TimeoutError]
+    return tuple(errors)
+
+
 def install_horde_error_handlers(app: FastAPI) -> None:
     """Map every error to ``{"message", "rc"}`` with the spec's status (foundation issue, item 5)."""
 
     @app.exception_handler(HordeError)
     async def _horde_error(_: Request, exc: HordeError) -> JSONResponse:
-        return JSONResponse(status_code=exc.status, content=exc.to_body())
+        return JSONResponse(status_code=exc.status, content=exc.to_body(), headers=exc.headers)
+
+    async def _store_unreachable(_: Request, exc: Exception) -> JSONResponse:
+        # A store that refuses or drops connections is an outage to retry, not a server bug.
+        log.warning("store unreachable: %s: %s", type(exc).__name__, exc)
+        return JSONResponse(
+            status_code=503,
+            content={
+                "message": "A store this service needs is unreachable; retry shortly.",
+                "rc": "ServiceUnavailable",
+            },
+            headers={"Retry-After": str(STORE_OUTAGE_RETRY_AFTER_SECONDS)},
+        )
+
+    for outage in store_outage_errors():
+        app.add_exception_handler(outage, _store_unreachable)
 
     try:
         from horde_contract import ChatContractError
@@ -73,7 +108,9 @@ def install_horde_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unhandled(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error", exc_info=exc)
-        return JSONResponse(status_code=500, content={"message": "Internal Server Error", "rc": "InternalServerError"})
+        return JSONResponse(
+            status_code=500, content={"message": "Internal Server Error", "rc": "InternalServerError"}
+        )
 
 
 def include_native(app: FastAPI, router: APIRouter) -> None:
@@ -115,7 +152,9 @@ def create_app(
 
     ``horde_errors`` installs the Horde envelope handlers; the OpenAI front passes False and installs its own.
     """
-    app = FastAPI(title=title or f"Horde Chat {service}", version=version, lifespan=lifespan, **fastapi_kwargs)
+    app = FastAPI(
+        title=title or f"Horde Chat {service}", version=version, lifespan=lifespan, **fastapi_kwargs
+    )
     app.state.service = service
     app.state.readiness_checks = {}
     if horde_errors:

@@ -10,13 +10,17 @@ from typing import Any
 
 
 class HordeError(Exception):
-    """An API refusal: HTTP ``status``, return code ``rc``, human ``message`` and extra body keys."""
+    """An API refusal: HTTP ``status``, return code ``rc``, human ``message``, extra body keys and optional
+    response ``headers`` (such as ``Retry-After``)."""
 
-    def __init__(self, status: int, rc: str, message: str, **extra: Any) -> None:
+    def __init__(
+        self, status: int, rc: str, message: str, *, headers: dict[str, str] | None = None, **extra: Any
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.rc = rc
         self.message = message
+        self.headers = headers
         self.extra = extra
 
     def to_body(self) -> dict[str, Any]:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
+import time
 
 from fastapi import Request
 from horde_core.errors import HordeError
@@ -59,7 +61,15 @@ class RateLimiter:
     async def _hit(self, items: list[RateLimitItem], *identifiers: str) -> None:
         for item in items:
             if not await self._limiter.hit(item, *identifiers):
-                raise HordeError(429, "RateLimitExceeded", f"Rate limit exceeded: {item}")
+                stats = await self._limiter.get_window_stats(item, *identifiers)
+                # When the window resets: an SDK honours a short Retry-After and retries then.
+                retry_after = max(1, math.ceil(stats.reset_time - time.time()))
+                raise HordeError(
+                    429,
+                    "RateLimitExceeded",
+                    f"Rate limit exceeded: {item}",
+                    headers={"Retry-After": str(retry_after)},
+                )
 
     async def check(self, request: Request, route: str) -> None:
         """Count one request of ``route`` by its address and API key; 429 when a limit is exceeded."""
