@@ -253,6 +253,14 @@ CASES: list[tuple[str, Any, int, str, str | None, str]] = [
         "'messages[1].content': Missing required parameter: 'messages[1].content'.",
     ),
     (
+        "content-empty-parts",
+        msgs({"role": "user", "content": []}),
+        400,
+        B,
+        "messages[0].content",
+        "'messages[0].content': has to hold at least one content part; send an empty string for no text.",
+    ),
+    (
         "content-type",
         msgs({"role": "user", "content": 5}),
         400,

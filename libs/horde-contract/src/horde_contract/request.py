@@ -394,6 +394,8 @@ def _parse_content(raw: Any, path: str, role: str, stats: _MessageStats) -> str 
         return raw
     if not isinstance(raw, list):
         raise bad_request(path, "has to be a string or an array of content parts.")
+    if not raw:  # OpenAI refuses an empty parts array; a string may be empty
+        raise bad_request(path, "has to hold at least one content part; send an empty string for no text.")
     parts: list[dict[str, Any]] = []
     for index, part in enumerate(raw):
         part_path = f"{path}[{index}]"
