@@ -19,27 +19,30 @@ its n generations.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import platform
-import statistics
-import sys
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
-import httpx
+from _harness import (
+    SALT,
+    bench_parser,
+    bench_stores,
+    exit_on_failures,
+    http_client,
+    median_ms,
+    percentile_ms,
+    print_results,
+    running_services,
+    timed_gather,
+)
 from horde_store.db import create_pool
-from horde_store.migrate import migrate
 from horde_store.users import hash_api_key
-from horde_testing.launcher import ServiceProcess, free_port
-from horde_testing.pgadmin import create_database_sync, run_sync
-from horde_testing.stores import postgres_store, redis_store
 
-SALT = "bench-salt"
 MODEL = "bench/chat-model-13b"
 OTHER = "bench/other-model-70b"
 OWNERS = 40
@@ -114,8 +117,7 @@ async def run_case(
     failures: list[str] = []
     handed: list[str] = []
     remaining = case.pops
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(limits=limits, timeout=30.0, trust_env=False) as client:
+    async with http_client(concurrency) as client:
 
         async def worker(slot: int) -> None:
             nonlocal remaining
@@ -135,9 +137,7 @@ async def run_case(
                     failures.append("empty pop")
                 handed.extend(ids)
 
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker(s) for s in range(concurrency)))
-        elapsed = time.perf_counter() - t0
+        elapsed = await timed_gather(worker, concurrency)
     async with pool.acquire() as conn:
         stored = await conn.fetchval("SELECT count(*) FROM processing_gens")
         over = await conn.fetchval(
@@ -147,15 +147,14 @@ async def run_case(
         failures.append(
             f"double hand-out: {len(handed)} handed, {len(set(handed))} distinct, {stored} stored"
         )
-    latencies.sort()
     return {
         "case": case.name,
         "queued": case.queued,
         "pops": case.pops,
         "concurrency": concurrency,
         "per_second": case.pops / elapsed,
-        "p50_ms": 1000 * statistics.median(latencies),
-        "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
+        "p50_ms": median_ms(latencies),
+        "p99_ms": percentile_ms(latencies, 0.99),
         "jobs": len(handed),
         "failures": len(failures),
         "first_failure": failures[0] if failures else "",
@@ -180,84 +179,60 @@ def cases(quick: bool) -> list[Case]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a short run")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
+    parser = bench_parser(__doc__, quick_help="a short run")
     parser.add_argument("--processes", type=int, default=1, help="dispatch replicas (round robin)")
     args = parser.parse_args()
 
-    with postgres_store() as pg, redis_store() as rd:
-        name = f"horde_bench_pop_{os.getpid()}"
-        create_database_sync(pg.dsn, name)
-        dsn = pg.dsn_for(name)
-        run_sync(migrate(dsn))
-        procs: list[ServiceProcess] = []
-        urls: list[str] = []
-        try:
-            for i in range(args.processes):
-                port = free_port()
-                env = {
-                    "HORDE_DATABASE_URL": dsn,
-                    "HORDE_REDIS_URL": rd.url,
-                    "HORDE_SECRET_KEY": SALT,
-                    "HORDE_DISPATCH_HTTP_PORT": str(port),
-                    "HORDE_DISPATCH_GRPC_PORT": str(free_port()),
-                    "HORDE_LOG_LEVEL": "WARNING",
-                    "HORDE_DB_POOL_MAX_SIZE": "20",
-                }
-                proc = ServiceProcess(
-                    f"dispatch{i}",
-                    [sys.executable, "-m", "horde_dispatch"],
-                    env=env,
-                    health_url=f"http://127.0.0.1:{port}/healthz",
+    with (
+        bench_stores("horde_bench_pop") as (pg, rd, dsn),
+        running_services("dispatch", dsn, rd.url, args.processes) as services,
+    ):
+        urls = [service.url("/v2/generate/text/pop") for service in services]
+
+        async def run_all() -> list[dict[str, Any]]:
+            pool = await create_pool(dsn)
+            try:
+                keys = [f"owner-{uuid.uuid4().hex}" for _ in range(OWNERS)]
+                await pool.execute(
+                    "INSERT INTO users (username, api_key_hash) SELECT 'bench-owner-' || i, h "
+                    "FROM unnest($1::text[]) WITH ORDINALITY AS t(h, i)",
+                    [hash_api_key(k, SALT) for k in keys],
                 )
-                proc.__enter__()
-                procs.append(proc)
-                urls.append(f"http://127.0.0.1:{port}/v2/generate/text/pop")
+                await pool.execute(
+                    "INSERT INTO users (username, api_key_hash) VALUES ('bench-requester', $1)",
+                    hash_api_key("requester", SALT),
+                )
+                # Warm up connections, statement caches and the worker rows.
+                await run_case(pool, urls, keys, Case("warm-up", 200, 100), 4)
+                rows = []
+                for concurrency in args.concurrency:
+                    for case in cases(args.quick):
+                        rows.append(await run_case(pool, urls, keys, case, concurrency))
+                return rows
+            finally:
+                await pool.close()
 
-            async def run_all() -> list[dict[str, Any]]:
-                pool = await create_pool(dsn)
-                try:
-                    keys = [f"owner-{uuid.uuid4().hex}" for _ in range(OWNERS)]
-                    await pool.execute(
-                        "INSERT INTO users (username, api_key_hash) SELECT 'bench-owner-' || i, h "
-                        "FROM unnest($1::text[]) WITH ORDINALITY AS t(h, i)",
-                        [hash_api_key(k, SALT) for k in keys],
-                    )
-                    await pool.execute(
-                        "INSERT INTO users (username, api_key_hash) VALUES ('bench-requester', $1)",
-                        hash_api_key("requester", SALT),
-                    )
-                    # Warm up connections, statement caches and the worker rows.
-                    await run_case(pool, urls, keys, Case("warm-up", 200, 100), 4)
-                    rows = []
-                    for concurrency in args.concurrency:
-                        for case in cases(args.quick):
-                            rows.append(await run_case(pool, urls, keys, case, concurrency))
-                    return rows
-                finally:
-                    await pool.close()
-
-            rows = asyncio.run(run_all())
-        finally:
-            for proc in procs:
-                proc.__exit__(None, None, None)
+        rows = asyncio.run(run_all())
 
     print(
         f"# pop bench: {platform.python_version()}, {os.cpu_count()} cores, {args.processes} dispatch "
         f"process(es), {pg.source} postgres, {rd.source} redis"
     )
-    print("| case | queued | pops | workers | pops/s | p50 ms | p99 ms | jobs handed | failures |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print(
-            f"| {r['case']} | {r['queued']} | {r['pops']} | {r['concurrency']} | {r['per_second']:.0f} "
-            f"| {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['jobs']} | {r['failures']} |"
-        )
-        if r["first_failure"]:
-            print(f"  first failure: {r['first_failure']}")
-    if any(r["failures"] for r in rows):
-        sys.exit(1)
+    print_results(
+        [
+            ("case", "case", ""),
+            ("queued", "queued", ""),
+            ("pops", "pops", ""),
+            ("workers", "concurrency", ""),
+            ("pops/s", "per_second", ".0f"),
+            ("p50 ms", "p50_ms", ".1f"),
+            ("p99 ms", "p99_ms", ".1f"),
+            ("jobs handed", "jobs", ""),
+            ("failures", "failures", ""),
+        ],
+        rows,
+    )
+    exit_on_failures(rows)
 
 
 if __name__ == "__main__":

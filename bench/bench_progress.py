@@ -34,11 +34,9 @@ append generation, exactly one per retried generation) and exits 1 on any failur
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
@@ -50,6 +48,17 @@ from typing import Any
 import asyncpg
 import httpx
 import redis.asyncio as redis
+from _harness import (
+    SALT,
+    bench_parser,
+    bench_stores,
+    insert_users,
+    insert_workers,
+    median_ms,
+    percentile_ms,
+    print_table,
+    running_services,
+)
 from horde_contract.limits import (
     CHAT_PROGRESS_STREAM_MAX_ENTRIES,
     CHAT_PROGRESS_STREAM_TTL_SECONDS,
@@ -60,14 +69,9 @@ from horde_contract.limits import (
 from horde_core.redis_keys import progress_stream_key, signal_client, stream_lease_key
 from horde_dispatch.stream_lease import lease_fields, write_stream_leases
 from horde_store.db import create_pool
-from horde_store.migrate import migrate
 from horde_store.users import hash_api_key
 from horde_submit.progress import APPEND_PROGRESS_SCRIPT, lease_key_check
-from horde_testing.launcher import ServiceProcess, free_port
-from horde_testing.pgadmin import create_database_sync, run_sync
-from horde_testing.stores import postgres_store, redis_store
 
-SALT = "bench-salt"
 MODEL = "bench/chat-model-13b"
 OWNERS = 40
 MAX_LENGTH = 512
@@ -102,54 +106,20 @@ class Row:
     truncated: bool = False
 
 
-def pct(latencies: list[float], q: float) -> float:
-    latencies = sorted(latencies)
-    return 1000 * latencies[min(len(latencies) - 1, int(q * len(latencies)))]
-
-
 async def seed(pool: asyncpg.Pool, signals: redis.Redis, gens: int, lease_cap: int) -> list[Job]:
     """``gens`` streamed chat generations, popped now, with their stream leases."""
     tag = uuid.uuid4().hex[:8]
     owner_keys = [f"owner-{tag}-{i}" for i in range(OWNERS)]
     owner_hashes = [hash_api_key(k, SALT) for k in owner_keys]
     async with pool.acquire() as conn:
-        owners = [
-            r["id"]
-            for r in await conn.fetch(
-                """
-                INSERT INTO users (username, api_key_hash, kudos)
-                SELECT u, h, 0 FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS t(u, h, i) ORDER BY i
-                RETURNING id
-                """,
-                [f"o{tag}{i}" for i in range(OWNERS)],
-                owner_hashes,
-            )
-        ]
-        requesters = [
-            r["id"]
-            for r in await conn.fetch(
-                """
-                INSERT INTO users (username, api_key_hash, kudos)
-                SELECT u, h, 1000000 FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS t(u, h, i) ORDER BY i
-                RETURNING id
-                """,
-                [f"r{tag}{i}" for i in range(OWNERS)],
-                [hash_api_key(f"req-{tag}-{i}", SALT) for i in range(OWNERS)],
-            )
-        ]
-        workers = await conn.fetch(
-            """
-            INSERT INTO workers (user_id, name, models, accepts_chat_jobs, chat_model_id, chat_max_context_length,
-                                 chat_max_length, bridge_agent)
-            SELECT o, 'w' || $2 || '-' || o, ARRAY[$3], true, $3, 8192, 1024, 'KoboldCppEmbedWorker:2:x'
-              FROM unnest($1::bigint[]) AS o
-            RETURNING id, user_id
-            """,
-            owners,
-            tag,
-            MODEL,
+        owners = await insert_users(conn, [f"o{tag}{i}" for i in range(OWNERS)], owner_hashes, 0)
+        requesters = await insert_users(
+            conn,
+            [f"r{tag}{i}" for i in range(OWNERS)],
+            [hash_api_key(f"req-{tag}-{i}", SALT) for i in range(OWNERS)],
+            1000000,
         )
-        worker_of = {w["user_id"]: w["id"] for w in workers}
+        worker_of = await insert_workers(conn, owners, tag, MODEL)
         job_owner = [i % OWNERS for i in range(gens)]
         wps = await conn.fetch(
             """
@@ -396,8 +366,8 @@ async def http_case(
         clients,
         n,
         n / elapsed,
-        1000 * statistics.median(latencies),
-        pct(latencies, 0.99),
+        median_ms(latencies),
+        percentile_ms(latencies, 0.99),
         server_us,
         cpu,
         renewals=renewed,
@@ -454,8 +424,8 @@ async def lua_case(
         clients,
         n,
         n / elapsed,
-        1000 * statistics.median(latencies),
-        pct(latencies, 0.99),
+        median_ms(latencies),
+        percentile_ms(latencies, 0.99),
         server_us,
         cpu,
         failures=len(failures),
@@ -473,11 +443,9 @@ def uptime() -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a short run (100 generations × 5 posts)")
+    parser = bench_parser(__doc__, quick_help="a short run (100 generations × 5 posts)")
     parser.add_argument("--gens", type=int, default=400, help="generations per case")
     parser.add_argument("--posts", type=int, default=10, help="posts per generation (seq 1..K)")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
     parser.add_argument(
         "--shared-client",
         action="store_true",
@@ -490,83 +458,64 @@ def main() -> None:
         parser.error("--posts exceeds the generation's progress caps")
     load_before = uptime()
 
-    with postgres_store() as pg, redis_store() as rd:
-        name = f"horde_bench_progress_{os.getpid()}"
-        create_database_sync(pg.dsn, name)
-        dsn = pg.dsn_for(name)
-        run_sync(migrate(dsn))
-        port = free_port()
-        env = {
-            "HORDE_DATABASE_URL": dsn,
-            "HORDE_REDIS_URL": rd.url,
-            "HORDE_SECRET_KEY": SALT,
-            "HORDE_SUBMIT_HTTP_PORT": str(port),
-            "HORDE_SUBMIT_GRPC_PORT": str(free_port()),
-            "HORDE_LOG_LEVEL": "WARNING",
-            "HORDE_DB_POOL_MAX_SIZE": "20",
-        }
-        url = f"http://127.0.0.1:{port}/api/v2/generate/text/progress"
-        metrics_url = f"http://127.0.0.1:{port}/metrics"
-        with ServiceProcess(
-            "submit",
-            [sys.executable, "-m", "horde_submit"],
-            env=env,
-            health_url=f"http://127.0.0.1:{port}/healthz",
-        ) as service:
-            service_pid = service.proc.pid if service.proc is not None else None
+    with (
+        bench_stores("horde_bench_progress") as (pg, rd, dsn),
+        running_services("submit", dsn, rd.url, names=["submit"]) as [submit],
+    ):
+        url = submit.url("/api/v2/generate/text/progress")
+        metrics_url = submit.url("/metrics")
+        service_pid = submit.process.proc.pid if submit.process.proc is not None else None
 
-            async def run_all() -> list[Row]:
-                pool = await create_pool(dsn)
-                signals = signal_client(rd.url)
-                try:
-                    # Warm up connections and code paths.
-                    await http_case(
-                        pool,
-                        signals,
-                        url,
-                        metrics_url,
-                        "append",
-                        40,
-                        3,
-                        4,
-                        args.max_seconds,
-                        service_pid,
-                        args.shared_client,
-                    )
-                    rows = []
-                    for clients in args.concurrency:
-                        for case in ("append", "append, lease at cap (no Postgres write)", "retry"):
-                            rows.append(
-                                await http_case(
-                                    pool,
-                                    signals,
-                                    url,
-                                    metrics_url,
-                                    case,
-                                    gens,
-                                    posts,
-                                    clients,
-                                    args.max_seconds,
-                                    service_pid,
-                                    args.shared_client,
-                                )
-                            )
-                    for case, clients in (
-                        ("append", 1),
-                        ("append", 8),
-                        ("append", 32),
-                        ("retry", 8),
-                        ("PING (client floor)", 8),
-                    ):
+        async def run_all() -> list[Row]:
+            pool = await create_pool(dsn)
+            signals = signal_client(rd.url)
+            try:
+                # Warm up connections and code paths.
+                await http_case(
+                    pool,
+                    signals,
+                    url,
+                    metrics_url,
+                    "append",
+                    40,
+                    3,
+                    4,
+                    args.max_seconds,
+                    service_pid,
+                    args.shared_client,
+                )
+                rows = []
+                for clients in args.concurrency:
+                    for case in ("append", "append, lease at cap (no Postgres write)", "retry"):
                         rows.append(
-                            await lua_case(signals, rd.url, case, gens, posts, clients, args.max_seconds)
+                            await http_case(
+                                pool,
+                                signals,
+                                url,
+                                metrics_url,
+                                case,
+                                gens,
+                                posts,
+                                clients,
+                                args.max_seconds,
+                                service_pid,
+                                args.shared_client,
+                            )
                         )
-                    return rows
-                finally:
-                    await signals.aclose()
-                    await pool.close()
+                for case, clients in (
+                    ("append", 1),
+                    ("append", 8),
+                    ("append", 32),
+                    ("retry", 8),
+                    ("PING (client floor)", 8),
+                ):
+                    rows.append(await lua_case(signals, rd.url, case, gens, posts, clients, args.max_seconds))
+                return rows
+            finally:
+                await signals.aclose()
+                await pool.close()
 
-            rows = asyncio.run(run_all())
+        rows = asyncio.run(run_all())
     load_after = uptime()
 
     print(
@@ -576,21 +525,41 @@ def main() -> None:
     print(f"# load before: {load_before}")
     print(f"# load after:  {load_after}")
     print()
-    print(
-        "| via | case | clients | calls | per s | p50 ms | p99 ms | Redis us/EVALSHA "
-        "| CPU ms/call: client, service, Redis | renewals | failures |"
+    print_table(
+        [
+            "via",
+            "case",
+            "clients",
+            "calls",
+            "per s",
+            "p50 ms",
+            "p99 ms",
+            "Redis us/EVALSHA",
+            "CPU ms/call: client, service, Redis",
+            "renewals",
+            "failures",
+        ],
+        [
+            (
+                [
+                    r.kind,
+                    f"{r.case}{' (deadline)' if r.truncated else ''}",
+                    f"{r.clients}",
+                    f"{r.calls}",
+                    f"{r.per_second:,.0f}",
+                    f"{r.p50_ms:.2f}",
+                    f"{r.p99_ms:.2f}",
+                    f"{r.server_us:.1f}",
+                    f"{r.cpu_ms[0]:.2f}, {'-' if r.kind == 'lua' else f'{r.cpu_ms[1]:.2f}'}, {r.cpu_ms[2]:.3f}",
+                    f"{r.renewals if r.kind == 'http' else ''}",
+                    f"{r.failures}",
+                ],
+                r.first_failure,
+            )
+            for r in rows
+        ],
+        left=2,
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        flag = " (deadline)" if r.truncated else ""
-        print(
-            f"| {r.kind} | {r.case}{flag} | {r.clients} | {r.calls} | {r.per_second:,.0f} | {r.p50_ms:.2f} "
-            f"| {r.p99_ms:.2f} | {r.server_us:.1f} "
-            f"| {r.cpu_ms[0]:.2f}, {'-' if r.kind == 'lua' else f'{r.cpu_ms[1]:.2f}'}, {r.cpu_ms[2]:.3f} "
-            f"| {r.renewals if r.kind == 'http' else ''} | {r.failures} |"
-        )
-        if r.first_failure:
-            print(f"  first failure: {r.first_failure}")
     if any(r.failures for r in rows):
         sys.exit(1)
 

@@ -18,12 +18,9 @@ Every submit must return 200; the script checks the stored state afterwards.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import platform
-import statistics
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -31,15 +28,23 @@ from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
-import httpx
+from _harness import (
+    SALT,
+    bench_parser,
+    bench_stores,
+    exit_on_failures,
+    http_client,
+    insert_users,
+    insert_workers,
+    median_ms,
+    percentile_ms,
+    print_results,
+    running_services,
+    timed_gather,
+)
 from horde_store.db import create_pool
-from horde_store.migrate import migrate
 from horde_store.users import hash_api_key
-from horde_testing.launcher import ServiceProcess, free_port
-from horde_testing.pgadmin import create_database_sync, run_sync
-from horde_testing.stores import postgres_store, redis_store
 
-SALT = "bench-salt"
 MODEL = "bench/model-13b"
 STRICT_SCHEMA = {
     "type": "json_schema",
@@ -106,37 +111,16 @@ async def seed(pool: asyncpg.Pool, case: Case, jobs: int) -> tuple[list[uuid.UUI
     tag = uuid.uuid4().hex[:8]
     async with pool.acquire() as conn:
         owner_keys = [f"owner-{tag}-{i}" for i in range(case.owners)]
-        owner_ids = await conn.fetch(
-            """
-            INSERT INTO users (username, api_key_hash, kudos)
-            SELECT u, h, 0 FROM unnest($1::text[], $2::text[]) AS t(u, h) RETURNING id
-            """,
-            [f"o{tag}{i}" for i in range(case.owners)],
-            [hash_api_key(k, SALT) for k in owner_keys],
+        owners = await insert_users(
+            conn, [f"o{tag}{i}" for i in range(case.owners)], [hash_api_key(k, SALT) for k in owner_keys], 0
         )
-        requester_ids = await conn.fetch(
-            """
-            INSERT INTO users (username, api_key_hash, kudos)
-            SELECT u, h, 1000000 FROM unnest($1::text[], $2::text[]) AS t(u, h) RETURNING id
-            """,
+        requesters = await insert_users(
+            conn,
             [f"r{tag}{i}" for i in range(case.requesters)],
             [hash_api_key(f"req-{tag}-{i}", SALT) for i in range(case.requesters)],
+            1000000,
         )
-        owners = [r["id"] for r in owner_ids]
-        requesters = [r["id"] for r in requester_ids]
-        workers = await conn.fetch(
-            """
-            INSERT INTO workers (user_id, name, models, accepts_chat_jobs, chat_model_id, chat_max_context_length,
-                                 chat_max_length, bridge_agent)
-            SELECT o, 'w' || $2 || '-' || o, ARRAY[$3], true, $3, 8192, 1024, 'KoboldCppEmbedWorker:2:x'
-              FROM unnest($1::bigint[]) AS o
-            RETURNING id, user_id
-            """,
-            owners,
-            tag,
-            MODEL,
-        )
-        worker_of = {w["user_id"]: w["id"] for w in workers}
+        worker_of = await insert_workers(conn, owners, tag, MODEL)
         job_owner = [owners[i % len(owners)] for i in range(jobs)]
         job_requester = [requesters[i % len(requesters)] for i in range(jobs)]
         wps = await conn.fetch(
@@ -179,9 +163,8 @@ async def run_case(
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(jobs):
         queue.put_nowait(i)
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
 
-    async with httpx.AsyncClient(limits=limits, timeout=30.0, trust_env=False) as client:
+    async with http_client(concurrency) as client:
 
         async def worker(slot: int) -> None:
             url = urls[slot % len(urls)]
@@ -196,9 +179,7 @@ async def run_case(
                 if r.status_code != 200:
                     failures.append(f"{r.status_code} {r.text[:200]}")
 
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker(s) for s in range(concurrency)))
-        elapsed = time.perf_counter() - t0
+        elapsed = await timed_gather(worker, concurrency)
     async with pool.acquire() as conn:
         if case.body is fault_body:
             done = await conn.fetchval(
@@ -208,14 +189,13 @@ async def run_case(
             done = await conn.fetchval(
                 "SELECT count(*) FROM processing_gens WHERE id = ANY($1) AND generation IS NOT NULL", gen_ids
             )
-    latencies.sort()
     return {
         "case": case.name,
         "jobs": jobs,
         "concurrency": concurrency,
         "per_second": jobs / elapsed,
-        "p50_ms": 1000 * statistics.median(latencies),
-        "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
+        "p50_ms": median_ms(latencies),
+        "p99_ms": percentile_ms(latencies, 0.99),
         "failures": len(failures),
         "first_failure": failures[0] if failures else "",
         "stored": done,
@@ -223,75 +203,50 @@ async def run_case(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a short run (300 jobs per case)")
+    parser = bench_parser(__doc__, quick_help="a short run (300 jobs per case)")
     parser.add_argument("--jobs", type=int, default=1000)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
     parser.add_argument("--processes", type=int, default=1, help="submit replicas (round robin)")
     args = parser.parse_args()
     jobs = 300 if args.quick else args.jobs
 
-    with postgres_store() as pg, redis_store() as rd:
-        name = f"horde_bench_submit_{os.getpid()}"
-        create_database_sync(pg.dsn, name)
-        dsn = pg.dsn_for(name)
-        run_sync(migrate(dsn))
-        procs: list[ServiceProcess] = []
-        urls: list[str] = []
-        try:
-            for i in range(args.processes):
-                port = free_port()
-                env = {
-                    "HORDE_DATABASE_URL": dsn,
-                    "HORDE_REDIS_URL": rd.url,
-                    "HORDE_SECRET_KEY": SALT,
-                    "HORDE_SUBMIT_HTTP_PORT": str(port),
-                    "HORDE_SUBMIT_GRPC_PORT": str(free_port()),
-                    "HORDE_LOG_LEVEL": "WARNING",
-                    "HORDE_DB_POOL_MAX_SIZE": "20",
-                }
-                proc = ServiceProcess(
-                    f"submit{i}",
-                    [sys.executable, "-m", "horde_submit"],
-                    env=env,
-                    health_url=f"http://127.0.0.1:{port}/healthz",
-                )
-                proc.__enter__()
-                procs.append(proc)
-                urls.append(f"http://127.0.0.1:{port}/v2/generate/text/submit")
+    with (
+        bench_stores("horde_bench_submit") as (pg, rd, dsn),
+        running_services("submit", dsn, rd.url, args.processes) as services,
+    ):
+        urls = [service.url("/v2/generate/text/submit") for service in services]
 
-            async def run_all() -> list[dict[str, Any]]:
-                pool = await create_pool(dsn)
-                try:
-                    # Warm up connections and code paths.
-                    await run_case(pool, urls, CASES[0], 50, 4)
-                    rows = []
-                    for concurrency in args.concurrency:
-                        for case in CASES:
-                            rows.append(await run_case(pool, urls, case, jobs, concurrency))
-                    return rows
-                finally:
-                    await pool.close()
+        async def run_all() -> list[dict[str, Any]]:
+            pool = await create_pool(dsn)
+            try:
+                # Warm up connections and code paths.
+                await run_case(pool, urls, CASES[0], 50, 4)
+                rows = []
+                for concurrency in args.concurrency:
+                    for case in CASES:
+                        rows.append(await run_case(pool, urls, case, jobs, concurrency))
+                return rows
+            finally:
+                await pool.close()
 
-            rows = asyncio.run(run_all())
-        finally:
-            for proc in procs:
-                proc.__exit__(None, None, None)
+        rows = asyncio.run(run_all())
 
     print(
         f"# submit bench: {platform.python_version()}, {os.cpu_count()} cores, {args.processes} submit process(es), {pg.source} postgres, {rd.source} redis"
     )
-    print("| case | jobs | clients | submits/s | p50 ms | p99 ms | failures | stored |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print(
-            f"| {r['case']} | {r['jobs']} | {r['concurrency']} | {r['per_second']:.0f} | {r['p50_ms']:.1f} "
-            f"| {r['p99_ms']:.1f} | {r['failures']} | {r['stored']} |"
-        )
-        if r["first_failure"]:
-            print(f"  first failure: {r['first_failure']}")
-    if any(r["failures"] for r in rows):
-        sys.exit(1)
+    print_results(
+        [
+            ("case", "case", ""),
+            ("jobs", "jobs", ""),
+            ("clients", "concurrency", ""),
+            ("submits/s", "per_second", ".0f"),
+            ("p50 ms", "p50_ms", ".1f"),
+            ("p99 ms", "p99_ms", ".1f"),
+            ("failures", "failures", ""),
+            ("stored", "stored", ""),
+        ],
+        rows,
+    )
+    exit_on_failures(rows)
 
 
 if __name__ == "__main__":

@@ -6,17 +6,16 @@ import uuid
 from typing import Any
 
 import asyncpg
-from horde_store import users
+from horde_testing.pytest_plugin import TEST_SECRET_KEY
+from horde_testing.seed import create_test_user
 
-TEST_SECRET_KEY = "horde-chat-test-salt"
+__all__ = ["TEST_SECRET_KEY", "add_chat_worker", "chat_body", "new_user", "unique_model"]
 
 
 async def new_user(db: asyncpg.Connection, *, kudos: float = 1000.0, **kw: Any) -> tuple[int, str]:
     """Create a user with a unique name; returns ``(user id, api key)``."""
-    user, key = await users.create_user(
-        db, f"u_{uuid.uuid4().hex[:12]}", salt=TEST_SECRET_KEY, kudos=kudos, **kw
-    )
-    return user.id, key
+    user = await create_test_user(db, kudos=kudos, **kw)
+    return user.id, user.api_key
 
 
 async def add_chat_worker(

@@ -18,11 +18,11 @@ import pytest
 import pytest_asyncio
 from horde_dispatch.app import create_app
 from horde_dispatch.settings import DispatchSettings
-from horde_store import users
 from horde_store.db import connect
 from horde_testing.launcher import free_port
+from horde_testing.pytest_plugin import TEST_SECRET_KEY
+from horde_testing.seed import create_test_user
 
-TEST_SECRET_KEY = "horde-chat-test-salt"
 CHAT_MODEL = "koboldcpp/test-chat-7b"
 TEXT_MODEL = "koboldcpp/test-text-7b"
 
@@ -77,10 +77,10 @@ class Harness:
     async def user(self, *, trusted: bool = False, kudos: float = 0.0) -> tuple[int, str]:
         """A new user; returns ``(id, api_key)``."""
         self._users += 1
-        record, key = await users.create_user(
-            self.db, f"user-{uuid.uuid4().hex[:10]}", salt=TEST_SECRET_KEY, trusted=trusted, kudos=kudos
+        user = await create_test_user(
+            self.db, name=f"user-{uuid.uuid4().hex[:10]}", trusted=trusted, kudos=kudos
         )
-        return record.id, key
+        return user.id, user.api_key
 
     async def pop(self, apikey: str | None, body: Any) -> httpx.Response:
         headers = {"apikey": apikey} if apikey is not None else {}

@@ -3,8 +3,6 @@ a gRPC stub to it, real PostgreSQL and Redis from horde_testing, and SQL factori
 
 from __future__ import annotations
 
-import asyncio
-import json
 import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -16,13 +14,13 @@ import pytest
 import redis.asyncio as redis
 from horde.submit.v1 import settlement_pb2_grpc
 from horde_core.grpc import insecure_channel
-from horde_core.redis_keys import chat_signal_channel, redis_client, signal_client
+from horde_core.redis_keys import redis_client, signal_client
 from horde_janitor.objects import ObjectCleaner
 from horde_janitor.sweeper import Janitor
 from horde_store.db import create_pool
-from horde_store.users import create_user
+from horde_testing import seed
 from horde_testing.launcher import ServiceProcess, free_port
-from horde_testing.pytest_plugin import TEST_SECRET_KEY
+from horde_testing.signals import Subscriber
 
 
 @dataclass
@@ -87,125 +85,32 @@ async def janitor(
         await channel.close()
 
 
-@dataclass
-class User:
-    id: int
-    api_key: str
+class Factory(seed.Factory):
+    """The shared row factory; the janitor's tests name a generation's refusal code ``refusal_rc``."""
 
-
-class Factory:
-    """Inserts the rows admission and dispatch write, by SQL."""
-
-    def __init__(self, pool: asyncpg.Pool) -> None:
-        self.pool = pool
-
-    async def user(self, kudos: float = 1000.0, trusted: bool = False) -> User:
-        async with self.pool.acquire() as conn:
-            record, key = await create_user(
-                conn, f"u_{uuid.uuid4().hex[:12]}", salt=TEST_SECRET_KEY, kudos=kudos, trusted=trusted
-            )
-        return User(record.id, key)
-
-    async def worker(self, owner: User, model: str = "test/model-7b") -> uuid.UUID:
-        async with self.pool.acquire() as conn:
-            return await conn.fetchval(
-                """
-                INSERT INTO workers (user_id, name, models, accepts_chat_jobs, chat_model_id,
-                                     chat_max_context_length, chat_max_length)
-                VALUES ($1, $2, $3, true, $4, 8192, 1024) RETURNING id
-                """,
-                owner.id,
-                f"w-{uuid.uuid4().hex[:10]}",
-                [model],
-                model,
-            )
-
-    async def request(
-        self, requester: User, *, is_chat: bool = True, expiry_seconds: float = 1200, n: int = 0, **cols: Any
-    ) -> uuid.UUID:
-        async with self.pool.acquire() as conn:
-            wp_id = await conn.fetchval(
-                """
-                INSERT INTO waiting_prompts (user_id, is_chat, prompt, messages, models, n, jobs, max_length,
-                                             max_context_length, active, expiry)
-                VALUES ($1, $2, 'user: hi', $3, '{test/model-7b}', $4, 1, 512, 4096, true,
-                        now() + make_interval(secs => $5))
-                RETURNING id
-                """,
-                requester.id,
-                is_chat,
-                [{"role": "user", "content": "hi"}] if is_chat else None,
-                n,
-                float(expiry_seconds),
-            )
-            for column, value in cols.items():
-                await conn.execute(f"UPDATE waiting_prompts SET {column} = $2 WHERE id = $1", wp_id, value)
-        return wp_id
-
-    async def generation(
+    async def generation(  # type: ignore[override]
         self,
         wp_id: uuid.UUID,
         worker_id: uuid.UUID,
-        owner: User,
+        owner: seed.User,
         *,
         started_seconds_ago: float = 2.0,
         job_ttl: int = 150,
         refusal_rc: str | None = None,
     ) -> uuid.UUID:
-        async with self.pool.acquire() as conn:
-            return await conn.fetchval(
-                """
-                INSERT INTO processing_gens (wp_id, worker_id, user_id, model, assigned_model, job_ttl,
-                                             created, started_at, chat_refusal_rc)
-                VALUES ($1, $2, $3, 'test/model-7b', 'test/model-7b', $4,
-                        now() - make_interval(secs => $5), now() - make_interval(secs => $5), $6)
-                RETURNING id
-                """,
-                wp_id,
-                worker_id,
-                owner.id,
-                job_ttl,
-                float(started_seconds_ago),
-                refusal_rc,
-            )
-
-    async def row(self, sql: str, *args: Any) -> asyncpg.Record | None:
-        async with self.pool.acquire() as conn:
-            return await conn.fetchrow(sql, *args)
+        return await super().generation(
+            wp_id,
+            worker_id,
+            owner,
+            started_seconds_ago=started_seconds_ago,
+            job_ttl=job_ttl,
+            chat_refusal_rc=refusal_rc,
+        )
 
 
 @pytest.fixture(scope="module")
 def factory(pool: asyncpg.Pool) -> Factory:
     return Factory(pool)
-
-
-class Subscriber:
-    """A real Redis subscriber on one request's completion channel."""
-
-    def __init__(self, client: redis.Redis, request_id: uuid.UUID) -> None:
-        self.pubsub = client.pubsub()
-        self.channel = chat_signal_channel(str(request_id))
-
-    async def __aenter__(self) -> Subscriber:
-        await self.pubsub.subscribe(self.channel)
-        while True:
-            msg = await self.pubsub.get_message(timeout=1.0)
-            if msg and msg["type"] == "subscribe":
-                return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.pubsub.unsubscribe(self.channel)
-        await self.pubsub.aclose()
-
-    async def messages(self, count: int, wait: float = 3.0) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait
-        while len(out) < count and loop.time() < deadline:
-            msg = await self.pubsub.get_message(ignore_subscribe_messages=True, timeout=0.2)
-            if msg and msg["type"] == "message":
-                out.append(json.loads(msg["data"]))
-        return out
 
 
 @pytest.fixture(scope="module")

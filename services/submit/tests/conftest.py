@@ -4,8 +4,6 @@ would have written (users, workers, requests, generations)."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -15,13 +13,15 @@ import asyncpg
 import httpx
 import pytest
 import redis.asyncio as redis
-from horde_core.redis_keys import chat_signal_channel, redis_client
+from horde_core.redis_keys import redis_client
 from horde_store.db import create_pool
-from horde_store.users import create_user
 from horde_submit.app import create_app
 from horde_submit.settings import SubmitSettings
+from horde_testing import seed
 from horde_testing._proc import free_port
 from horde_testing.pytest_plugin import TEST_SECRET_KEY
+from horde_testing.seed import DEFAULT_MODEL, User
+from horde_testing.signals import Subscriber
 
 
 @pytest.fixture(scope="module")
@@ -62,12 +62,6 @@ async def signals(redis_url: str) -> AsyncIterator[redis.Redis]:
 
 
 @dataclass
-class User:
-    id: int
-    api_key: str
-
-
-@dataclass
 class Job:
     """One popped job: its request, generation, worker and the two users."""
 
@@ -79,49 +73,21 @@ class Job:
     model: str
 
 
-_counter = iter(range(1, 1_000_000))
+class Factory(seed.Factory):
+    """The shared row factory with submit's defaults: a bridge agent on workers, request params, chat extras
+    and conformance, assigned limits on generations, and whole jobs."""
 
-
-class Factory:
-    """Inserts the rows admission and dispatch write, by SQL."""
-
-    def __init__(self, pool: asyncpg.Pool) -> None:
-        self.pool = pool
-
-    async def user(self, kudos: float = 1000.0, trusted: bool = False) -> User:
-        async with self.pool.acquire() as conn:
-            record, key = await create_user(
-                conn,
-                f"user{next(_counter)}_{uuid.uuid4().hex[:6]}",
-                salt=TEST_SECRET_KEY,
-                kudos=kudos,
-                trusted=trusted,
-            )
-        return User(record.id, key)
-
-    async def worker(
-        self, owner: User, model: str = "test/model-7b", bridge_agent: str = "horde-worker:0.1:test"
+    async def worker(  # type: ignore[override]
+        self, owner: User, model: str = DEFAULT_MODEL, bridge_agent: str = "horde-worker:0.1:test"
     ) -> uuid.UUID:
-        async with self.pool.acquire() as conn:
-            return await conn.fetchval(
-                """
-                INSERT INTO workers (user_id, name, bridge_agent, models, accepts_chat_jobs, chat_model_id,
-                                     chat_max_context_length, chat_max_length)
-                VALUES ($1, $2, $3, $4, true, $5, 8192, 1024) RETURNING id
-                """,
-                owner.id,
-                f"worker-{uuid.uuid4().hex[:10]}",
-                bridge_agent,
-                [model],
-                model,
-            )
+        return await super().worker(owner, model, bridge_agent=bridge_agent)
 
-    async def request(
+    async def request(  # type: ignore[override]
         self,
         requester: User,
         *,
         is_chat: bool = True,
-        model: str = "test/model-7b",
+        model: str = DEFAULT_MODEL,
         chat_extras: dict[str, Any] | None = None,
         conformance: str = "strict",
         max_length: int = 512,
@@ -132,76 +98,53 @@ class Factory:
         hold: float = 0.0,
         expiry_seconds: float = 1200,
     ) -> uuid.UUID:
-        messages = [{"role": "user", "content": "Hello there"}] if is_chat else None
-        async with self.pool.acquire() as conn:
-            wp_id = await conn.fetchval(
-                """
-                INSERT INTO waiting_prompts (user_id, is_chat, prompt, messages, params, models, n, jobs,
-                                             max_length, max_context_length, active, chat_extras,
-                                             chat_conformance, expiry, consumed_kudos)
-                VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, true, $11, $12,
-                        now() + make_interval(secs => $13), 1)
-                RETURNING id
-                """,
-                requester.id,
-                is_chat,
-                prompt,
-                messages,
-                {"max_length": max_length, "max_context_length": max_context_length},
-                [model],
-                n,
-                jobs,
-                max_length,
-                max_context_length,
-                chat_extras,
-                conformance,
-                float(expiry_seconds),
-            )
-            if hold:
-                await conn.execute(
-                    "INSERT INTO kudos_holds (wp_id, user_id, amount) VALUES ($1, $2, $3)",
-                    wp_id,
-                    requester.id,
-                    hold,
-                )
-        return wp_id
+        return await super().request(
+            requester,
+            is_chat=is_chat,
+            model=model,
+            message="Hello there",
+            prompt=prompt,
+            n=n,
+            jobs=jobs,
+            max_length=max_length,
+            max_context_length=max_context_length,
+            expiry_seconds=expiry_seconds,
+            hold=hold,
+            params={"max_length": max_length, "max_context_length": max_context_length},
+            chat_extras=chat_extras,
+            chat_conformance=conformance,
+            consumed_kudos=1,
+        )
 
-    async def generation(
+    async def generation(  # type: ignore[override]
         self,
         wp_id: uuid.UUID,
         worker_id: uuid.UUID,
         owner: User,
-        model: str = "test/model-7b",
+        model: str = DEFAULT_MODEL,
         *,
         started_seconds_ago: float = 2.0,
         job_ttl: int = 150,
         chat: bool = True,
     ) -> uuid.UUID:
-        async with self.pool.acquire() as conn:
-            return await conn.fetchval(
-                """
-                INSERT INTO processing_gens (wp_id, worker_id, user_id, model, assigned_model,
-                                             assigned_max_context_length, assigned_max_length, job_ttl,
-                                             created, started_at)
-                VALUES ($1, $2, $3, $4, $5, 8192, 1024, $6,
-                        now() - make_interval(secs => $7), now() - make_interval(secs => $7))
-                RETURNING id
-                """,
-                wp_id,
-                worker_id,
-                owner.id,
-                model,
-                model if chat else None,
-                job_ttl,
-                float(started_seconds_ago),
-            )
+        return await super().generation(
+            wp_id,
+            worker_id,
+            owner,
+            model,
+            started_seconds_ago=started_seconds_ago,
+            job_ttl=job_ttl,
+            assigned_model=model if chat else None,
+            assigned_max_context_length=8192,
+            assigned_max_length=1024,
+        )
 
     async def job(
         self,
         *,
         owner_trusted: bool = False,
         requester_kudos: float = 1000.0,
-        model: str = "test/model-7b",
+        model: str = DEFAULT_MODEL,
         bridge_agent: str = "horde-worker:0.1:test",
         **request_kwargs: Any,
     ) -> Job:
@@ -215,8 +158,7 @@ class Factory:
         return Job(wp_id, gen_id, worker_id, owner, requester, model)
 
     async def row(self, sql: str, *args: Any) -> asyncpg.Record:
-        async with self.pool.acquire() as conn:
-            record = await conn.fetchrow(sql, *args)
+        record = await super().row(sql, *args)
         assert record is not None
         return record
 
@@ -224,37 +166,6 @@ class Factory:
 @pytest.fixture(scope="module")
 def factory(pool: asyncpg.Pool) -> Factory:
     return Factory(pool)
-
-
-class Subscriber:
-    """A real Redis subscriber on one request's completion channel."""
-
-    def __init__(self, client: redis.Redis, request_id: uuid.UUID) -> None:
-        self.pubsub = client.pubsub()
-        self.channel = chat_signal_channel(str(request_id))
-
-    async def __aenter__(self) -> Subscriber:
-        await self.pubsub.subscribe(self.channel)
-        # Wait for the subscribe confirmation so nothing published afterwards is missed.
-        while True:
-            msg = await self.pubsub.get_message(timeout=1.0)
-            if msg and msg["type"] == "subscribe":
-                return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.pubsub.unsubscribe(self.channel)
-        await self.pubsub.aclose()
-
-    async def messages(self, count: int, wait: float = 3.0) -> list[dict[str, Any]]:
-        """Up to ``count`` messages received within ``wait`` seconds."""
-        out: list[dict[str, Any]] = []
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait
-        while len(out) < count and loop.time() < deadline:
-            msg = await self.pubsub.get_message(ignore_subscribe_messages=True, timeout=0.2)
-            if msg and msg["type"] == "message":
-                out.append(json.loads(msg["data"]))
-        return out
 
 
 @pytest.fixture

@@ -6,4 +6,6 @@
   ``horde_settings_env``, …), auto-registered.
 * :mod:`horde_testing.local_stores` — ``horde-local-stores`` for ``make run``.
 * :mod:`horde_testing.launcher` — ``ServiceProcess`` and ``free_port`` for e2e tests.
+* :mod:`horde_testing.seed` — ``Factory`` and ``create_test_user``: seed users, workers, requests and
+  generations by SQL; :mod:`horde_testing.signals` — ``Subscriber`` on a request's completion channel.
 """
