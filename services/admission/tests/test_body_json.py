@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -27,3 +28,20 @@ async def test_unstorable_json_is_400(client: Any, route: str, raw: bytes, rc: s
     )
     assert r.status_code == 400
     assert r.json() == {"message": message, "rc": rc}
+
+
+async def test_a_stalled_body_is_408_request_body_timeout(make_client: Any) -> None:
+    slow = await make_client(body_read_timeout_seconds=0.5)
+
+    async def stalls():  # type: ignore[no-untyped-def]
+        yield b'{"model": "m", '
+        await asyncio.sleep(5)
+        yield b'"messages": []}'
+
+    for route in ("chat", "text"):
+        r = await slow.post(f"/api/v2/generate/{route}/async", content=stalls(), headers={"apikey": "0000000000"})
+        assert r.status_code == 408
+        assert r.json() == {
+            "message": "The request body did not arrive within 0.5 seconds.",
+            "rc": "RequestBodyTimeout",
+        }

@@ -10,6 +10,9 @@ import socket
 import httpx
 import openai
 import pytest
+from horde_testing.launcher import free_port
+
+from .conftest import start_front
 
 MESSAGES = [{"role": "user", "content": "Hello"}]
 
@@ -133,3 +136,25 @@ def test_stream_of_the_wrong_type_is_400_not_a_silent_non_stream(lone_front):
         error = response.json()["error"]
         assert error["type"] == "invalid_request_error"
         assert error["param"] in {"stream", "stream_options.include_usage"}, error
+
+
+def test_a_stalled_body_is_408_request_body_timeout():
+    front = start_front(
+        {
+            "HORDE_OAI_HORDE_URL": f"http://127.0.0.1:{free_port()}/api",
+            "HORDE_OAI_REDIS_URL": "",
+            "HORDE_BODY_READ_TIMEOUT_SECONDS": "1",
+        }
+    )
+    try:
+        port = int(front.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=15) as conn:
+            conn.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n"
+                b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"model\": "
+            )
+            answer = conn.recv(65536).decode()
+        assert answer.startswith("HTTP/1.1 408"), answer
+        assert '"code":"RequestBodyTimeout"' in answer.replace(" ", "")
+    finally:
+        front.stop()

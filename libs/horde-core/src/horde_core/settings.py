@@ -49,6 +49,9 @@ class HordeSettings(BaseSettings):
     log_level: str = "INFO"
     log_json: bool = True
     shutdown_grace_seconds: float = 10.0
+    # The longest a client may take to send a request body; slower is 408 RequestBodyTimeout, so a stalled
+    # upload cannot hold a connection and its buffer forever.
+    body_read_timeout_seconds: float = Field(default=60.0, gt=0)
     janitor_interval_seconds: float = Field(default=60.0, gt=0)
     #: A local JSON file in the upstream text model reference's db.json format, read once at process start
     #: (horde_store.model_reference). Unset or empty: an empty reference, so a model is known only when an

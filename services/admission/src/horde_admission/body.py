@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import Request
@@ -21,8 +22,9 @@ def request_too_large(limit: int) -> Exception:
     return error
 
 
-async def read_bounded_body(request: Request, limit: int) -> bytes:
-    """The raw body, refused with 413 when above ``limit`` bytes.
+async def read_bounded_body(request: Request, limit: int, read_timeout: float = 60.0) -> bytes:
+    """The raw body, refused with 413 when above ``limit`` bytes, or 408 RequestBodyTimeout when it takes
+    longer than ``read_timeout`` seconds to arrive.
 
     A declared Content-Length above the limit is refused without reading; a body without one (chunked) is
     read only up to one byte past the limit.
@@ -36,11 +38,17 @@ async def read_bounded_body(request: Request, limit: int) -> bytes:
             raise HordeError(400, "BadRequest", "Invalid Content-Length header.") from None
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise request_too_large(limit)
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(read_timeout):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise request_too_large(limit)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise HordeError(
+            408, "RequestBodyTimeout", f"The request body did not arrive within {read_timeout:g} seconds."
+        ) from None
     return b"".join(chunks)
 
 

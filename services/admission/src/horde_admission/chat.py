@@ -86,7 +86,7 @@ async def chat_async(request: Request) -> JSONResponse:
     state = get_state(request)
     settings = state.settings
     await state.limiter.check(request, "chat_async")
-    raw = await read_bounded_body(request, contract.MAX_CHAT_BODY_BYTES)
+    raw = await read_bounded_body(request, contract.MAX_CHAT_BODY_BYTES, settings.body_read_timeout_seconds)
     body = parse_json_object(raw)
     chat = contract.parse_chat_request(body, defer_length_limits=True)
     horde = chat.horde

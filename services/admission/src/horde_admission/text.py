@@ -113,7 +113,7 @@ async def text_async(request: Request) -> JSONResponse:
     state = get_state(request)
     settings = state.settings
     await state.limiter.check(request, "text_async")
-    raw = await read_bounded_body(request, contract.MAX_CHAT_BODY_BYTES)
+    raw = await read_bounded_body(request, contract.MAX_CHAT_BODY_BYTES, settings.body_read_timeout_seconds)
     values = parse_text_body(parse_json_object(raw))
     async with state.pool.acquire() as conn:
         requester = await authenticate(conn, request.headers.get("apikey"), settings.secret_key)

@@ -78,8 +78,9 @@ def parse_json_body(raw: bytes) -> Any:
         raise invalid_json_error(exc.message) from None
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The raw body, refused with 413 RequestTooLarge past ``limit`` (declared or read)."""
+async def read_body(request: Request, limit: int, read_timeout: float = 60.0) -> bytes:
+    """The raw body, refused with 413 RequestTooLarge past ``limit`` (declared or read), or 408
+    RequestBodyTimeout when it takes longer than ``read_timeout`` seconds to arrive (spec: Refusal attributes)."""
     too_large = OpenAIError(
         413, f"The request body is larger than the {limit} bytes the AI Horde accepts.", "RequestTooLarge"
     )
@@ -88,11 +89,17 @@ async def read_body(request: Request, limit: int) -> bytes:
         raise too_large
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(read_timeout):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise too_large
+                chunks.append(chunk)
+    except TimeoutError:
+        raise OpenAIError(
+            408, f"The request body did not arrive within {read_timeout:g} seconds.", "RequestBodyTimeout"
+        ) from None
     return b"".join(chunks)
 
 
@@ -286,7 +293,7 @@ async def chat_completions(request: Request) -> Response:
     started = time.time()
     streamed = False
     try:
-        raw = await read_body(request, settings.oai_max_body_bytes)
+        raw = await read_body(request, settings.oai_max_body_bytes, settings.body_read_timeout_seconds)
         payload = parse_json_body(raw)
         streamed = isinstance(payload, dict) and payload.get("stream") is True
         apikey = bearer_key(request)
