@@ -372,6 +372,16 @@ def test_model_list(stack):
         "tools",
         "parallel_tool_calls",
     ]
+    # models.retrieve: the same card; a model id holds a slash
+    retrieved = sdk(stack).models.retrieve("e2e/listed-model").model_dump()
+    assert retrieved == card
+    with pytest.raises(openai.NotFoundError) as info:
+        sdk(stack).models.retrieve("e2e/nobody-serves-this")
+    error = info.value.body
+    assert error["code"] == "model_not_found" and error["param"] == "model"
+    assert error["message"] == (
+        "The model 'e2e/nobody-serves-this' does not exist or no online worker serves it with chat."
+    )
 
 
 def test_request_no_worker_can_take_gets_503_after_the_grace(stack):

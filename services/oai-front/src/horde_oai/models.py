@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from horde_oai.errors import OpenAIError
 from horde_oai.mapping import map_native_error
 
 router = APIRouter()
@@ -90,3 +91,22 @@ async def list_models(request: Request) -> JSONResponse:
     if not response.ok:
         return map_native_error(response.status, response.body, headers=response.headers).response()
     return JSONResponse(build_model_list(response.body))
+
+
+@router.get("/v1/models/{model_id:path}", response_model=None)
+async def retrieve_model(model_id: str, request: Request) -> JSONResponse:
+    """One model card, as ``GET /v1/models`` lists it (the SDK's ``models.retrieve``); model ids may hold
+    ``/``. 404 ``model_not_found`` when no online chat worker serves the model."""
+    response = await request.app.state.horde.chat_models()
+    if not response.ok:
+        return map_native_error(response.status, response.body, headers=response.headers).response()
+    for card in build_model_list(response.body)["data"]:
+        if card["id"] == model_id:
+            return JSONResponse(card)
+    return OpenAIError(
+        404,
+        f"The model '{model_id}' does not exist or no online worker serves it with chat.",
+        "model_not_found",
+        param="model",
+        type="invalid_request_error",
+    ).response()
