@@ -92,7 +92,7 @@ def test_docs_redirect_and_cors(lone_front):
     assert root.headers["location"] == "/docs"
     doc = httpx.get(f"{lone_front.url}/openapi.json").json()
     assert doc["openapi"].startswith("3.1")
-    assert set(doc["paths"]) == {"/v1/chat/completions", "/v1/models"}
+    assert set(doc["paths"]) == {"/v1/chat/completions", "/v1/models", "/v1/models/{model_id}"}
     assert "422" not in doc["paths"]["/v1/chat/completions"]["post"]["responses"]
     assert "logprobs" in doc["components"]["schemas"]["ChatCompletionRequest"]["properties"]
     assert httpx.get(f"{lone_front.url}/docs").status_code == 200
