@@ -6,6 +6,7 @@ Refusals that happen before the native submit, and a horde that does not answer.
 from __future__ import annotations
 
 import socket
+import threading
 
 import httpx
 import openai
@@ -158,3 +159,46 @@ def test_a_stalled_body_is_408_request_body_timeout():
         assert '"code":"RequestBodyTimeout"' in answer.replace(" ", "")
     finally:
         front.stop()
+
+
+def test_in_flight_cap_per_address_is_503_front_at_capacity():
+    # A native horde that accepts a connection and answers nothing keeps the first request in flight.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        silent.settimeout(20)
+        front = start_front(
+            {
+                "HORDE_OAI_HORDE_URL": f"http://127.0.0.1:{silent.getsockname()[1]}/api",
+                "HORDE_OAI_REDIS_URL": "",
+                "HORDE_OAI_SUBMIT_RETRIES": "0",
+                "HORDE_OAI_MAX_IN_FLIGHT_PER_ADDRESS": "1",
+            }
+        )
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        headers = {"Authorization": "Bearer k"}
+        held: dict[str, httpx.Response] = {}
+        first = threading.Thread(
+            target=lambda: held.setdefault(
+                "r", httpx.post(f"{front.url}/v1/chat/completions", json=body, headers=headers, timeout=30)
+            )
+        )
+        try:
+            first.start()
+            native, _ = silent.accept()  # the first request passed the cap and is calling the horde
+            with native:
+                refused = httpx.post(f"{front.url}/v1/chat/completions", json=body, headers=headers, timeout=10)
+                assert refused.status_code == 503, refused.text
+                assert refused.headers["retry-after"] == "1"
+                assert refused.json()["error"] == {
+                    "message": "The front has too many requests in flight right now; retry shortly.",
+                    "type": "api_error",
+                    "param": None,
+                    "code": "FrontAtCapacity",
+                }
+            first.join(30)  # the horde hung up: the first request ends (502) and frees its slot
+            assert held["r"].status_code == 502, held["r"].text
+            again = httpx.post(f"{front.url}/v1/chat/completions", json={"model": "m"}, headers=headers)
+            assert again.status_code == 400
+        finally:
+            front.stop()

@@ -15,6 +15,7 @@ from horde_core.app import create_app as create_base_app
 
 from horde_oai import completions, models
 from horde_oai.cancels import CancelManager
+from horde_oai.capacity import InFlightCap
 from horde_oai.errors import install_openai_error_handlers
 from horde_oai.horde_client import HordeClient
 from horde_oai.models import chat_entries_by_model
@@ -73,6 +74,12 @@ def create_app(settings: OaiSettings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     install_openai_error_handlers(app)
+    # Added first, so it sits inside CORS: a capacity refusal still carries the CORS headers.
+    app.add_middleware(
+        InFlightCap,
+        total=settings.oai_max_in_flight,
+        per_address=settings.oai_max_in_flight_per_address,
+    )
     app.add_middleware(
         CORSMiddleware,
         allow_origins=["*"],

@@ -37,6 +37,9 @@ class OaiSettings(HordeSettings):
     # Largest body the front reads (the native MAX_CHAT_BODY_BYTES); larger returns 413.
     oai_max_body_bytes: int = Field(default=36 * 1024 * 1024, gt=0)
 
+    # In-flight chat completions per process: in total and per client address (503 FrontAtCapacity past them).
+    oai_max_in_flight: int = Field(default=1024, gt=0)
+    oai_max_in_flight_per_address: int = Field(default=64, gt=0)
     # A proxy passkey the horde knows (its HORDE_PROXY_PASSKEYS): the native submit then carries the client's
     # address, so each client gets its own per-address rate limits instead of sharing the front's.
     oai_proxy_passkey: str | None = None
