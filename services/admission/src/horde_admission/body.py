@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from fastapi import Request
 from horde_contract import load_json_body
+from horde_core import body
 from horde_core.errors import HordeError
 
 from horde_admission import contract
@@ -23,33 +23,16 @@ def request_too_large(limit: int) -> Exception:
 
 
 async def read_bounded_body(request: Request, limit: int, read_timeout: float = 60.0) -> bytes:
-    """The raw body, refused with 413 when above ``limit`` bytes, or 408 RequestBodyTimeout when it takes
-    longer than ``read_timeout`` seconds to arrive.
-
-    A declared Content-Length above the limit is refused without reading; a body without one (chunked) is
-    read only up to one byte past the limit.
-    """
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        try:
-            if int(declared) > limit:
-                raise request_too_large(limit)
-        except ValueError:
-            raise HordeError(400, "BadRequest", "Invalid Content-Length header.") from None
-    chunks: list[bytes] = []
-    size = 0
+    """The raw body (horde_core's bounded reader), refused with 413 RequestTooLarge above ``limit`` bytes, 408
+    RequestBodyTimeout when it takes longer than ``read_timeout`` seconds, 400 for a malformed Content-Length."""
     try:
-        async with asyncio.timeout(read_timeout):
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise request_too_large(limit)
-                chunks.append(chunk)
-    except TimeoutError:
-        raise HordeError(
-            408, "RequestBodyTimeout", f"The request body did not arrive within {read_timeout:g} seconds."
-        ) from None
-    return b"".join(chunks)
+        return await body.read_bounded_body(request, limit, read_timeout)
+    except body.BodyTooLarge:
+        raise request_too_large(limit) from None
+    except body.BodyReadTimeout as exc:
+        raise HordeError(408, "RequestBodyTimeout", str(exc)) from None
+    except body.InvalidContentLength as exc:
+        raise HordeError(400, "BadRequest", str(exc)) from None
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:

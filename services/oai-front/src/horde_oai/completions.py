@@ -20,6 +20,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from horde_contract import ChatContractError, load_json_body, parse_chat_request
+from horde_core.body import BodyReadTimeout, BodyTooLarge, read_bounded_body
 
 from horde_oai.errors import OpenAIError, bad_request
 from horde_oai.mapping import (
@@ -79,28 +80,17 @@ def parse_json_body(raw: bytes) -> Any:
 
 
 async def read_body(request: Request, limit: int, read_timeout: float = 60.0) -> bytes:
-    """The raw body, refused with 413 RequestTooLarge past ``limit`` (declared or read), or 408
-    RequestBodyTimeout when it takes longer than ``read_timeout`` seconds to arrive (spec: Refusal attributes)."""
-    too_large = OpenAIError(
-        413, f"The request body is larger than the {limit} bytes the AI Horde accepts.", "RequestTooLarge"
-    )
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise too_large
-    chunks: list[bytes] = []
-    size = 0
+    """The raw body (horde_core's bounded reader), refused with 413 RequestTooLarge past ``limit`` (declared
+    or read), or 408 RequestBodyTimeout when it takes longer than ``read_timeout`` seconds to arrive (spec:
+    Refusal attributes)."""
     try:
-        async with asyncio.timeout(read_timeout):
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise too_large
-                chunks.append(chunk)
-    except TimeoutError:
+        return await read_bounded_body(request, limit, read_timeout, strict_content_length=False)
+    except BodyTooLarge:
         raise OpenAIError(
-            408, f"The request body did not arrive within {read_timeout:g} seconds.", "RequestBodyTimeout"
+            413, f"The request body is larger than the {limit} bytes the AI Horde accepts.", "RequestTooLarge"
         ) from None
-    return b"".join(chunks)
+    except BodyReadTimeout as exc:
+        raise OpenAIError(408, str(exc), "RequestBodyTimeout") from None
 
 
 def bearer_key(request: Request) -> str:
