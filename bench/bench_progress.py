@@ -3,7 +3,8 @@
 Run: ``uv run python bench/bench_progress.py`` (``--quick`` for a short run). Each case seeds streamed chat
 generations as admission and dispatch leave them (users, workers, a ``stream_progress`` chat request and its
 popped generation by SQL on the real PostgreSQL of horde_testing, and the stream lease that the pop writes,
-through dispatch's own ``lease_fields``/``write_stream_leases``, on the real Redis's signal database). Then a
+through ``horde_core.chat_stream``'s ``StreamLease``/``write_stream_leases`` as dispatch does, on the real
+Redis's signal database). Then a
 fixed number of concurrent HTTP clients post ``POST /api/v2/generate/text/progress``. Each client owns a
 disjoint slice of the generations and posts seq 1..K to each in turn, so every generation's posts are in
 order while posts to different generations overlap. Each client is its own ``httpx.AsyncClient`` with one
@@ -21,7 +22,8 @@ measures httpx rather than the service. Cases:
 - retry: every generation already accepted seq 1, and each post repeats it with the same content. The
   script answers ``retry`` and appends nothing.
 
-Then the Lua append script is called directly with redis-py, without HTTP (append and retry, 1/8/32
+Then the Lua append script is called directly with redis-py through ``chat_stream.ProgressAppender`` (what
+the route calls), without HTTP (append and retry, 1/8/32
 concurrent callers, and PING as the client's floor). ``Redis us/EVALSHA`` is Redis's own time per script
 call from ``INFO commandstats`` (reset before each case); the CPU column is CPU milliseconds per call of this
 client process, the service process (``/proc/<pid>/stat``) and Redis (``INFO cpu``), which shows where a
@@ -60,17 +62,25 @@ from _harness import (
     running_services,
 )
 from horde_contract.limits import (
-    CHAT_PROGRESS_STREAM_MAX_ENTRIES,
-    CHAT_PROGRESS_STREAM_TTL_SECONDS,
     MAX_CHAT_PROGRESS_ENTRIES,
     TEXT_JOB_LEASE_SECONDS,
     UNTRUSTED_TEXT_JOB_LEASE_CAP_SECONDS,
 )
-from horde_core.redis_keys import progress_stream_key, signal_client, stream_lease_key
-from horde_dispatch.stream_lease import lease_fields, write_stream_leases
+from horde_core.chat_stream import (
+    AppendResult,
+    AppendStatus,
+    LeaseField,
+    ProgressAppender,
+    StreamEntry,
+    StreamLease,
+    lease_key_check,
+    progress_stream_key,
+    stream_lease_key,
+    write_stream_leases,
+)
+from horde_core.redis_keys import signal_client
 from horde_store.db import create_pool
 from horde_store.users import hash_api_key
-from horde_submit.progress import APPEND_PROGRESS_SCRIPT, lease_key_check
 
 MODEL = "bench/chat-model-13b"
 OWNERS = 40
@@ -151,7 +161,7 @@ async def seed(pool: asyncpg.Pool, signals: redis.Redis, gens: int, lease_cap: i
             lease_cap,
         )
     leases = {
-        str(r["id"]): lease_fields(
+        str(r["id"]): StreamLease.at_pop(
             request_id=str(r["wp_id"]),
             worker_id=str(r["worker_id"]),
             model=MODEL,
@@ -159,6 +169,7 @@ async def seed(pool: asyncpg.Pool, signals: redis.Redis, gens: int, lease_cap: i
             owner_key_hash=owner_hashes[owners.index(r["user_id"])],
             max_length=MAX_LENGTH,
             started=r["started_at"],
+            job_ttl=TEXT_JOB_LEASE_SECONDS,
             lease_cap=lease_cap,
             trusted=False,
         )
@@ -169,14 +180,15 @@ async def seed(pool: asyncpg.Pool, signals: redis.Redis, gens: int, lease_cap: i
     return [Job(str(r["id"]), str(r["wp_id"]), owner_keys[owners.index(r["user_id"])]) for r in rows]
 
 
-def seed_redis_only(gens: int) -> tuple[list[Job], dict[str, dict[str, str | int]]]:
+def seed_redis_only(gens: int) -> tuple[list[Job], dict[str, StreamLease]]:
     """Leases for the Lua-only cases (the script never reads Postgres)."""
     now = datetime.now(UTC)
-    jobs, leases = [], {}
+    jobs: list[Job] = []
+    leases: dict[str, StreamLease] = {}
     for i in range(gens):
         job = Job(str(uuid.uuid4()), str(uuid.uuid4()), f"lua-owner-{i % OWNERS}")
         jobs.append(job)
-        leases[job.gen_id] = lease_fields(
+        leases[job.gen_id] = StreamLease.at_pop(
             request_id=job.wp_id,
             worker_id=str(uuid.uuid4()),
             model=MODEL,
@@ -184,24 +196,18 @@ def seed_redis_only(gens: int) -> tuple[list[Job], dict[str, dict[str, str | int
             owner_key_hash=hash_api_key(job.key, SALT),
             max_length=MAX_LENGTH,
             started=now,
+            job_ttl=TEXT_JOB_LEASE_SECONDS,
             lease_cap=UNTRUSTED_TEXT_JOB_LEASE_CAP_SECONDS,
             trusted=False,
         )
     return jobs, leases
 
 
-def script_args(job: Job, seq: int) -> list[Any]:
-    """The route's ARGV for a content-only post."""
-    return [
-        lease_key_check(job.key, SALT),
-        seq,
-        delta(seq),
-        "",
-        "0",
-        CHAT_PROGRESS_STREAM_MAX_ENTRIES,
-        CHAT_PROGRESS_STREAM_TTL_SECONDS,
-        MAX_CHAT_PROGRESS_ENTRIES,
-    ]
+async def append(appender: ProgressAppender, job: Job, seq: int) -> AppendResult:
+    """What the route runs for a content-only post (the key check computed per call, as the route does)."""
+    return await appender.append(
+        job.gen_id, key_check=lease_key_check(hash_api_key(job.key, SALT)), seq=seq, content=delta(seq)
+    )
 
 
 def process_cpu(pid: int | None) -> float:
@@ -286,11 +292,12 @@ async def check_streams(signals: redis.Redis, jobs: list[Job], expect: int) -> l
     async with signals.pipeline(transaction=False) as pipe:
         for job in jobs:
             pipe.xrange(progress_stream_key(job.wp_id))
-            pipe.hget(stream_lease_key(job.gen_id), "last_seq")
+            pipe.hget(stream_lease_key(job.gen_id), LeaseField.last_seq.value)
         out = await pipe.execute()
     for i, job in enumerate(jobs):
         entries, last = out[2 * i], out[2 * i + 1]
-        seqs = [int(f["seq"]) for _, f in entries if f.get("gen") == job.gen_id]
+        decoded = [StreamEntry.from_fields(entry_id, fields) for entry_id, fields in entries]
+        seqs = [e.seq or 0 for e in decoded if e.gen == job.gen_id and not e.ended]
         if seqs != list(range(1, expect + 1)) or int(last or 0) != expect:
             problems.append(f"{job.gen_id}: stream seqs {seqs[:5]}... ({len(seqs)}), last_seq {last}")
     return problems
@@ -314,11 +321,11 @@ async def http_case(
     jobs = await seed(
         pool, signals, gens, TEXT_JOB_LEASE_SECONDS if at_cap else UNTRUSTED_TEXT_JOB_LEASE_CAP_SECONDS
     )
-    script = signals.register_script(APPEND_PROGRESS_SCRIPT)
+    appender = ProgressAppender(signals)
     if retry:  # seq 1 accepted once, by the same script the route runs
         for job in jobs:
-            status = (await script(keys=[stream_lease_key(job.gen_id)], args=script_args(job, 1)))[0]
-            assert status == "ok", status
+            status = (await append(appender, job, 1)).status
+            assert status is AppendStatus.ok, status
     # One client (one keep-alive connection) per slot, or one shared pool of ``clients`` connections.
     one = httpx.Limits(max_connections=1, max_keepalive_connections=1)
     shared = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
@@ -386,11 +393,11 @@ async def lua_case(
     if not await write_stream_leases(signals, leases):
         raise RuntimeError("writing the stream leases failed")
     client = signal_client(redis_url)
-    script = client.register_script(APPEND_PROGRESS_SCRIPT)
+    appender = ProgressAppender(client)
     retry = name == "retry"
     if retry:
         for job in jobs:
-            await script(keys=[stream_lease_key(job.gen_id)], args=script_args(job, 1))
+            await append(appender, job, 1)
     try:
         await asyncio.gather(*(client.ping() for _ in range(clients)))  # open the connections
 
@@ -398,9 +405,9 @@ async def lua_case(
             if name == "PING (client floor)":
                 await client.ping()
                 return ""
-            result = await script(keys=[stream_lease_key(job.gen_id)], args=script_args(job, seq))
-            expected = "retry" if retry else "ok"
-            return "" if result[0] == expected else f"{result}"
+            result = await append(appender, job, seq)
+            expected = AppendStatus.retry if retry else AppendStatus.ok
+            return "" if result.status is expected else f"{result}"
 
         await signals.config_resetstat()
         cpu0 = await cpu_snapshot(signals, service_pid)

@@ -12,6 +12,15 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 from admission_helpers import add_chat_worker, chat_body, new_user, unique_model
+from horde_core.chat_stream import (
+    LeaseField,
+    StreamEntry,
+    StreamLease,
+    progress_stream_key,
+    stream_lease_key,
+    write_stream_leases,
+)
+from horde_core.redis_keys import CHAT_SIGNAL_DB, redis_client, signal_client
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -221,16 +230,33 @@ async def test_cancel_flags_stream_leases(client: Any, db: Any, admission_env: d
     with_lease = await assign(db, rid, worker, model)
     await db.execute("UPDATE waiting_prompts SET n = 1 WHERE id = $1", uuid.UUID(rid))
     without_lease = await assign(db, rid, worker, model)
-    signals = aioredis.from_url(admission_env["HORDE_REDIS_URL"], db=7, decode_responses=True)
+    signals = signal_client(admission_env["HORDE_REDIS_URL"])
+    url_db = redis_client(admission_env["HORDE_REDIS_URL"])
+    assert url_db.connection_pool.connection_kwargs["db"] != CHAT_SIGNAL_DB
     try:
-        lease = f"horde:chat:lease:{with_lease}"
-        await signals.hset(lease, mapping={"request": rid, "fake": 0})
+        lease = StreamLease(
+            request_id=rid,
+            worker_id=str(worker),
+            model=model,
+            owner_id=1,
+            key_check="",
+            max_bytes=1024,
+            started=0,
+            job_ttl=150,
+            lease_cap=200,
+            trusted=False,
+        )
+        assert await write_stream_leases(signals, {str(with_lease): lease})
         s = (await client.delete(f"/api/v2/generate/chat/status/{rid}")).json()
         assert s["processing"] == 2  # submit's settlement is not reachable here: the jobs stay in flight
-        assert await signals.hget(lease, "cancelled") == "1"
-        assert not await signals.exists(f"horde:chat:lease:{without_lease}")
-        entries = await signals.xrange(f"horde:chat:stream:{rid}")
+        assert await signals.hget(stream_lease_key(str(with_lease)), LeaseField.cancelled.value) == "1"
+        assert not await signals.exists(stream_lease_key(str(without_lease)))
+        entries = await signals.xrange(progress_stream_key(rid))
         assert [fields for _, fields in entries] == [{"gen": str(with_lease), "ended": "1"}]
-        assert 0 < await signals.ttl(f"horde:chat:stream:{rid}") <= 900
+        assert [StreamEntry.from_fields(i, f).ended for i, f in entries] == [True]
+        assert 0 < await signals.ttl(progress_stream_key(rid)) <= 900
+        # The cancel wrote on the chat signal database, not the one the URL names.
+        assert await url_db.exists(progress_stream_key(rid), stream_lease_key(str(with_lease))) == 0
     finally:
         await signals.aclose()
+        await url_db.aclose()

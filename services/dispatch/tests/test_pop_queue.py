@@ -6,10 +6,17 @@ from __future__ import annotations
 
 import base64
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import pytest
-from horde_core.redis_keys import redis_client, stream_lease_key
+import pytest_asyncio
+from horde_core.chat_stream import LeaseField, lease_key_check, stream_lease_key
+from horde_core.redis_keys import CHAT_SIGNAL_DB, redis_client, signal_client
+from horde_dispatch.app import create_app
+from horde_store.users import hash_api_key
+from horde_testing.launcher import free_port
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -379,18 +386,86 @@ async def test_stream_lease_written_at_pop(h: Harness) -> None:
     assert await popped_wp(h, r) == wp
     job = r.json()
     assert job["payload"]["stream_progress"] is True
-    client = redis_client(h.settings.redis_url, db=7)
+    signals = signal_client(h.settings.redis_url)
+    url_db = redis_client(h.settings.redis_url)
     try:
-        lease = await client.hgetall(stream_lease_key(job["id"]))
-        ttl = await client.ttl(stream_lease_key(job["id"]))
+        lease = await signals.hgetall(stream_lease_key(job["id"]))
+        ttl = await signals.ttl(stream_lease_key(job["id"]))
+        # The chat signal database, not the one the URL names.
+        assert url_db.connection_pool.connection_kwargs["db"] != CHAT_SIGNAL_DB
+        assert await url_db.exists(stream_lease_key(job["id"])) == 0
     finally:
-        await client.aclose()
+        await signals.aclose()
+        await url_db.aclose()
     worker_id = await h.db.fetchval("SELECT id::text FROM workers WHERE name = 'w-stream'")
-    assert lease["request"] == str(wp)
-    assert lease["worker"] == worker_id
-    assert lease["model"] == CHAT_MODEL
-    assert lease["owner"] == str(owner)
-    assert lease["max_bytes"] == str(16 * 200)
-    assert (lease["job_ttl"], lease["lease_cap"], lease["trusted"], lease["fake"]) == ("150", "200", "0", "0")
-    assert len(lease["key"]) == 64
+    # What the progress route computes from the posting key: the worker owner's key authenticates.
+    key_hash = hash_api_key(key, h.settings.secret_key)
+    assert await h.db.fetchval("SELECT api_key_hash FROM users WHERE id = $1", owner) == key_hash
+    started = await h.db.fetchval(
+        "SELECT floor(extract(epoch FROM started_at))::bigint FROM processing_gens WHERE id = $1",
+        uuid.UUID(job["id"]),
+    )
+    assert lease == {
+        LeaseField.request: str(wp),
+        LeaseField.worker: worker_id,
+        LeaseField.model: CHAT_MODEL,
+        LeaseField.owner: str(owner),
+        LeaseField.key: lease_key_check(key_hash),
+        LeaseField.max_bytes: str(16 * 200),
+        LeaseField.fake: "0",
+        LeaseField.started: str(started),
+        LeaseField.job_ttl: "150",
+        LeaseField.lease_cap: "200",
+        LeaseField.trusted: "0",
+    }
     assert 150 < ttl <= 240
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def short_lease_pop(dispatch_settings: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """A second dispatch app on the same stores with HORDE_TEXT_JOB_LEASE_SECONDS=7."""
+    settings = dispatch_settings.model_copy(
+        update={
+            "text_job_lease_seconds": 7,
+            "dispatch_grpc_enabled": False,
+            "dispatch_grpc_port": free_port(),
+        }
+    )
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://dispatch") as client:
+            yield client
+
+
+async def test_job_lease_setting_sets_ttl_job_ttl_and_lease_expiry(h: Harness, short_lease_pop: Any) -> None:
+    requester, _ = await h.user()
+    _, key = await h.user()
+    wp = await h.request(
+        user_id=requester, max_length=200, stream_progress=True, chat_extras={"stream_progress": True}
+    )
+    r = await short_lease_pop.post(
+        "/api/v2/generate/text/pop", json=h.chat_body("w-short"), headers={"apikey": key}
+    )
+    assert await popped_wp(h, r) == wp
+    job = r.json()
+    assert job["ttl"] == 7
+    assert await h.db.fetchval("SELECT job_ttl FROM processing_gens WHERE id = $1", uuid.UUID(job["id"])) == 7
+    signals = signal_client(h.settings.redis_url)
+    try:
+        assert await signals.hget(stream_lease_key(job["id"]), LeaseField.job_ttl.value) == "7"
+        assert 90 < await signals.ttl(stream_lease_key(job["id"])) <= 97  # 7 s + the 90 s grace
+    finally:
+        await signals.aclose()
+    # A text job gets the same lease.
+    wp = await h.request(
+        user_id=requester, is_chat=False, models=[TEXT_MODEL], max_length=100, max_context_length=2048
+    )
+    body = {"name": "w-short-text", "models": [TEXT_MODEL]}
+    r = await short_lease_pop.post("/api/v2/generate/text/pop", json=body, headers={"apikey": key})
+    assert await popped_wp(h, r) == wp
+    assert r.json()["ttl"] == 7
+    assert (
+        await h.db.fetchval("SELECT job_ttl FROM processing_gens WHERE id = $1", uuid.UUID(r.json()["id"]))
+        == 7
+    )

@@ -9,6 +9,14 @@ import uuid
 
 import httpx
 from horde_contract import CHAT_WORKER_FAULT_MESSAGES
+from horde_core.chat_stream import (
+    StreamEntry,
+    StreamLease,
+    progress_stream_key,
+    stream_lease_key,
+    write_stream_leases,
+)
+from horde_core.redis_keys import redis_client, signal_client
 from horde_janitor.sweeper import Janitor
 from horde_testing.launcher import ServiceProcess, free_port
 from prometheus_client import REGISTRY
@@ -83,6 +91,50 @@ async def test_lapsed_lease_is_faulted_through_submit(janitor: Janitor, factory)
     # A second pass finds nothing new to abort.
     await janitor.run_pass()
     assert stale_aborts("false", "true") == before + 1
+
+
+async def test_lapse_honours_each_generations_job_ttl(janitor: Janitor, factory) -> None:
+    """The sweep reads the per-generation job_ttl: a short lease (HORDE_TEXT_JOB_LEASE_SECONDS in the e2e tests)
+    lapses after its own length, and a lease renewed by progress past the base 150 s does not lapse at it."""
+    owner = await factory.user(kudos=0)
+    requester = await factory.user()
+    worker = await factory.worker(owner)
+    short = await factory.generation(
+        await factory.request(requester), worker, owner, started_seconds_ago=5, job_ttl=3
+    )
+    renewed = await factory.generation(
+        await factory.request(requester), worker, owner, started_seconds_ago=200, job_ttl=300
+    )
+    await janitor.run_pass()
+    assert (await factory.row("SELECT faulted FROM processing_gens WHERE id = $1", short))["faulted"] is True
+    assert (await factory.row("SELECT faulted FROM processing_gens WHERE id = $1", renewed))[
+        "faulted"
+    ] is False
+
+
+async def test_lapsed_streamed_generation_ends_its_stream_on_the_signal_db(
+    janitor: Janitor, factory, redis_url: str
+) -> None:
+    owner = await factory.user(kudos=0)
+    requester = await factory.user()
+    worker = await factory.worker(owner)
+    wp = await factory.request(requester, stream_progress=True, chat_extras={"stream_progress": True})
+    gen = await factory.generation(wp, worker, owner, started_seconds_ago=200)
+    signals = signal_client(redis_url)
+    url_db = redis_client(redis_url)
+    try:
+        lease = StreamLease(str(wp), str(worker), "m", owner.id, "", 1024, 0, 150, 200, False)
+        assert await write_stream_leases(signals, {str(gen): lease})
+        await janitor.run_pass()
+        assert await signals.exists(stream_lease_key(str(gen))) == 0
+        entries = [
+            StreamEntry.from_fields(i, f) for i, f in await signals.xrange(progress_stream_key(str(wp)))
+        ]
+        assert [(e.gen, e.ended) for e in entries] == [(str(gen), True)]
+        assert await url_db.exists(progress_stream_key(str(wp))) == 0
+    finally:
+        await signals.aclose()
+        await url_db.aclose()
 
 
 async def test_lapsed_nonconformant_reply_counts_as_nonconformant(janitor: Janitor, factory) -> None:

@@ -3,15 +3,27 @@
 
 from __future__ import annotations
 
-import hashlib
 import time
+from collections.abc import AsyncIterator
 
+import httpx
 import pytest
+import redis.asyncio as redis
 from horde.submit.v1 import settlement_pb2, settlement_pb2_grpc
+from horde_core.chat_stream import (
+    LeaseField,
+    StreamLease,
+    lease_key_check,
+    progress_stream_key,
+    stream_lease_key,
+    write_stream_leases,
+)
 from horde_core.grpc import insecure_channel
-from horde_core.redis_keys import progress_stream_key, redis_client, stream_lease_key
+from horde_core.redis_keys import CHAT_SIGNAL_DB, redis_client, signal_client
 from horde_store.users import hash_api_key
 from horde_submit import pricing
+from horde_submit.app import create_app
+from horde_submit.settings import SubmitSettings
 from horde_testing.pytest_plugin import TEST_SECRET_KEY
 
 PROGRESS = "/v2/generate/text/progress"
@@ -19,8 +31,20 @@ SUBMIT = "/v2/generate/text/submit"
 
 
 @pytest.fixture(scope="module")
-async def signal_db(redis_url):  # type: ignore[no-untyped-def]
-    client = redis_client(redis_url, db=7)
+async def signal_db(redis_url: str) -> AsyncIterator[redis.Redis]:
+    """The chat signal database (7), where leases and streams live."""
+    client = signal_client(redis_url)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture(scope="module")
+async def url_db(redis_url: str) -> AsyncIterator[redis.Redis]:
+    """The database the Redis URL names (0): nothing of the progress stream may land there."""
+    client = redis_client(redis_url)
+    assert client.connection_pool.connection_kwargs["db"] != CHAT_SIGNAL_DB
     try:
         yield client
     finally:
@@ -36,35 +60,37 @@ async def streamed_job(
     max_bytes: int = 8192,
     cancelled: bool = False,
     trusted: bool = False,
+    job_ttl: int = 150,
 ):  # type: ignore[no-untyped-def]
+    """A popped streamed chat job and the lease the pop writes (started ``started_ago`` seconds ago)."""
     job = await factory.job(chat_extras={"stream_progress": True}, owner_trusted=trusted)
     await factory.row(
         "UPDATE waiting_prompts SET stream_progress = true WHERE id = $1 RETURNING id", job.wp_id
     )
     started = int(time.time() - started_ago)
     await factory.row(
-        "UPDATE processing_gens SET started_at = to_timestamp($2), lease_cap = $3 WHERE id = $1 RETURNING id",
+        "UPDATE processing_gens SET started_at = to_timestamp($2), lease_cap = $3, job_ttl = $4 WHERE id = $1 "
+        "RETURNING id",
         job.gen_id,
         float(started),
         lease_cap,
+        job_ttl,
     )
-    fields = {
-        "request": str(job.wp_id),
-        "worker": str(job.worker_id),
-        "model": job.model,
-        "owner": job.owner.id,
-        "key": hashlib.sha256(hash_api_key(job.owner.api_key, TEST_SECRET_KEY).encode()).hexdigest(),
-        "max_bytes": max_bytes,
-        "fake": 0,
-        "started": started,
-        "job_ttl": 150,
-        "lease_cap": lease_cap,
-        "trusted": 1 if trusted else 0,
-    }
+    lease = StreamLease(
+        request_id=str(job.wp_id),
+        worker_id=str(job.worker_id),
+        model=job.model,
+        owner_id=job.owner.id,
+        key_check=lease_key_check(hash_api_key(job.owner.api_key, TEST_SECRET_KEY)),
+        max_bytes=max_bytes,
+        started=started,
+        job_ttl=job_ttl,
+        lease_cap=lease_cap,
+        trusted=trusted,
+    )
+    assert await write_stream_leases(signal_db, {str(job.gen_id): lease})
     if cancelled:
-        fields["cancelled"] = 1
-    await signal_db.hset(stream_lease_key(str(job.gen_id)), mapping=fields)
-    await signal_db.expire(stream_lease_key(str(job.gen_id)), 240)
+        await signal_db.hset(stream_lease_key(str(job.gen_id)), LeaseField.cancelled.value, "1")
     return job
 
 
@@ -79,7 +105,7 @@ async def entries(signal_db, job) -> list[dict]:  # type: ignore[no-untyped-def]
     return [fields for _, fields in await signal_db.xrange(progress_stream_key(str(job.wp_id)))]
 
 
-async def test_posts_append_in_sequence_and_retry(app_client, factory, signal_db) -> None:
+async def test_posts_append_in_sequence_and_retry(app_client, factory, signal_db, url_db) -> None:
     job = await streamed_job(factory, signal_db)
     key = {"apikey": job.owner.api_key}
     r = await app_client.post(PROGRESS, json=post_body(job, 1, "Hel", "hmm"), headers=key)
@@ -115,6 +141,9 @@ async def test_posts_append_in_sequence_and_retry(app_client, factory, signal_db
         },
     ]
     assert 0 < await signal_db.ttl(progress_stream_key(str(job.wp_id))) <= 900
+    assert await signal_db.hget(stream_lease_key(str(job.gen_id)), LeaseField.last_seq.value) == "2"
+    # On the chat signal database only.
+    assert await url_db.exists(progress_stream_key(str(job.wp_id))) == 0
 
 
 async def test_refusals(app_client, factory, signal_db) -> None:
@@ -176,7 +205,9 @@ async def test_lease_renewal_up_to_the_cap(app_client, factory, signal_db, metri
     assert (await app_client.post(PROGRESS, json=post_body(job, 1), headers=key)).status_code == 200
     gen = await factory.row("SELECT job_ttl FROM processing_gens WHERE id = $1", job.gen_id)
     assert gen["job_ttl"] == 200  # 100 s + 150 s, capped at 200 s from the pop
-    assert await signal_db.hget(stream_lease_key(str(job.gen_id)), "job_ttl") == "200"
+    assert await signal_db.hget(stream_lease_key(str(job.gen_id)), LeaseField.job_ttl.value) == "200"
+    # The stream lease's expiry moved with it: started + 200 + 90 s, about 190 s from now.
+    assert 185 <= await signal_db.ttl(stream_lease_key(str(job.gen_id))) <= 190
     after = await metric(
         app_client, "horde_text_lease_renewals_total", {"outcome": "granted", "worker_trusted": "false"}
     )
@@ -193,6 +224,43 @@ async def test_lease_renewal_up_to_the_cap(app_client, factory, signal_db, metri
     )
 
 
+@pytest.fixture(scope="module")
+async def short_lease_client(submit_settings: SubmitSettings) -> AsyncIterator[httpx.AsyncClient]:
+    """A second submit app on the same stores with HORDE_TEXT_JOB_LEASE_SECONDS=20."""
+    settings = submit_settings.model_copy(update={"text_job_lease_seconds": 20, "submit_grpc_enabled": False})
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://submit") as client:
+            yield client
+
+
+async def renewed(client, factory, signal_db, **job_kwargs) -> tuple[int, str | None, int]:  # type: ignore[no-untyped-def]
+    """Post seq 1 of a fresh streamed job; the generation's job_ttl, the lease's and the lease's TTL after."""
+    job = await streamed_job(factory, signal_db, **job_kwargs)
+    r = await client.post(PROGRESS, json=post_body(job, 1), headers={"apikey": job.owner.api_key})
+    assert r.status_code == 200
+    gen = await factory.row("SELECT job_ttl FROM processing_gens WHERE id = $1", job.gen_id)
+    lease = stream_lease_key(str(job.gen_id))
+    return gen["job_ttl"], await signal_db.hget(lease, LeaseField.job_ttl.value), await signal_db.ttl(lease)
+
+
+async def test_renewal_extends_by_the_configured_lease(
+    app_client, short_lease_client, factory, signal_db
+) -> None:
+    # Popped 8 s ago with a 10 s lease: a post now extends it to end 20 s (150 s by default) after the post.
+    job_ttl, lease_ttl, expiry = await renewed(
+        short_lease_client, factory, signal_db, started_ago=8, job_ttl=10
+    )
+    assert job_ttl in (28, 29) and lease_ttl == str(job_ttl)
+    assert job_ttl + 90 - 10 <= expiry <= job_ttl + 90 - 8  # started + job_ttl + 90 s grace
+    job_ttl, lease_ttl, _ = await renewed(app_client, factory, signal_db, started_ago=8, job_ttl=10)
+    assert job_ttl in (158, 159) and lease_ttl == str(job_ttl)
+    # A post after the short lease lapsed does not extend it.
+    job_ttl, lease_ttl, _ = await renewed(short_lease_client, factory, signal_db, started_ago=15, job_ttl=10)
+    assert (job_ttl, lease_ttl) == (10, "10")
+
+
 async def test_cancelled_lease_answers_cancelled_without_renewal(app_client, factory, signal_db) -> None:
     job = await streamed_job(factory, signal_db, started_ago=100, cancelled=True)
     r = await app_client.post(PROGRESS, json=post_body(job, 1), headers={"apikey": job.owner.api_key})
@@ -201,7 +269,9 @@ async def test_cancelled_lease_answers_cancelled_without_renewal(app_client, fac
     assert gen["job_ttl"] == 150
 
 
-async def test_submit_deletes_the_lease_and_a_fault_ends_the_stream(app_client, factory, signal_db) -> None:
+async def test_submit_deletes_the_lease_and_a_fault_ends_the_stream(
+    app_client, factory, signal_db, url_db
+) -> None:
     job = await streamed_job(factory, signal_db)
     body = {
         "id": str(job.gen_id),
@@ -221,6 +291,7 @@ async def test_submit_deletes_the_lease_and_a_fault_ends_the_stream(app_client, 
     ).status_code == 200
     assert await signal_db.exists(stream_lease_key(str(job.gen_id))) == 0
     assert await entries(signal_db, job) == [{"gen": str(job.gen_id), "ended": "1"}]
+    assert await url_db.exists(progress_stream_key(str(job.wp_id))) == 0
 
 
 async def test_settle_cancelled_generation(app_client, submit_settings, factory, signal_db) -> None:

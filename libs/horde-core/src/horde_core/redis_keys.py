@@ -1,7 +1,8 @@
-"""Redis clients, the chat key names, and the completion signal (spec: Completion signal, Streaming progress).
+"""Redis clients, the completion signal channel and its publisher (spec: Completion signal).
 
 Signals publish on logical database ``CHAT_SIGNAL_DB`` (7); Redis delivers pub/sub on every logical
-database, so a subscriber only needs the host.
+database, so a subscriber only needs the host. Stream leases and progress streams live on the same database;
+their keys, fields and scripts are in :mod:`horde_core.chat_stream`.
 """
 
 from __future__ import annotations
@@ -23,26 +24,20 @@ def chat_signal_channel(request_id: str) -> str:
     return f"horde:chat:{request_id}"
 
 
-def stream_lease_key(generation_id: str) -> str:
-    """``horde:chat:lease:<generation id>``: the stream lease hash of one streamed generation."""
-    return f"horde:chat:lease:{generation_id}"
-
-
-def progress_stream_key(request_id: str) -> str:
-    """``horde:chat:stream:<request id>``: the progress stream of one chat request."""
-    return f"horde:chat:stream:{request_id}"
-
-
 def redis_client(url: str, db: int | None = None, **kwargs: Any) -> redis.Redis:
-    """An asyncio client for ``url``, on logical database ``db`` when given (else the URL's)."""
+    """An asyncio client for ``url``, on logical database ``db`` when given (else the URL's), decoding replies
+    to str. ``kwargs`` go to the connection pool."""
+    pool = redis.ConnectionPool.from_url(url, decode_responses=True, **kwargs)
     if db is not None:
-        kwargs["db"] = db
-    client: redis.Redis = redis.from_url(url, decode_responses=True, **kwargs)
-    return client
+        # from_url lets the URL's database (``redis://host/0``, ``?db=``) win over a ``db`` keyword, which
+        # would put the signal database's keys on the URL's.
+        pool.connection_kwargs["db"] = db
+    return redis.Redis.from_pool(pool)
 
 
 def signal_client(url: str) -> redis.Redis:
-    """A client on the chat signal database (7) of the Redis at ``url``."""
+    """A client on the chat signal database (7) of the Redis at ``url``, whatever database the URL names: the
+    completion signal, stream leases and progress streams all go through it."""
     return redis_client(url, db=CHAT_SIGNAL_DB)
 
 

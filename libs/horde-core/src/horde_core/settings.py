@@ -7,6 +7,7 @@ nothing reads the environment at import time. Unset store URLs mean "use the emb
 
 from __future__ import annotations
 
+from horde_contract.limits import TEXT_JOB_LEASE_SECONDS
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -53,6 +54,11 @@ class HordeSettings(BaseSettings):
     # upload cannot hold a connection and its buffer forever.
     body_read_timeout_seconds: float = Field(default=60.0, gt=0)
     janitor_interval_seconds: float = Field(default=60.0, gt=0)
+    #: The job lease in seconds (spec: Job lease): the pop's ``ttl`` and the ``job_ttl`` it writes, the stream
+    #: lease's expiry from it, and what a renewing progress post extends the lease to from the post. The
+    #: spec's value is the default; tests shorten it to watch a lease lapse or be renewed. The speed gate keeps
+    #: the contract's constant.
+    text_job_lease_seconds: int = Field(default=TEXT_JOB_LEASE_SECONDS, ge=1)
     #: A local JSON file in the upstream text model reference's db.json format, read once at process start
     #: (horde_store.model_reference). Unset or empty: an empty reference, so a model is known only when an
     #: online chat worker serves it and every model prices as unknown.

@@ -9,9 +9,9 @@ from typing import Any
 
 import grpc
 from horde.submit.v1 import settlement_pb2
-from horde_contract.limits import CHAT_PROGRESS_STREAM_MAX_ENTRIES, CHAT_PROGRESS_STREAM_TTL_SECONDS
+from horde_core.chat_stream import flag_cancelled_leases
 from horde_core.errors import HordeError
-from horde_core.redis_keys import progress_stream_key, publish_chat_event, stream_lease_key
+from horde_core.redis_keys import publish_chat_event
 
 from horde_admission import store
 from horde_admission.availability import (
@@ -100,54 +100,13 @@ async def settle_streamed(state: AdmissionState, generation_ids: list[uuid.UUID]
             log.log(level, "SettleCancelledGeneration %s: %s %s", gen_id, exc.code(), exc.details())
 
 
-# KEYS[1]: the request's progress stream; KEYS[2..]: the leases; ARGV[1..n]: their generation ids,
-# ARGV[n+1]: stream max entries, ARGV[n+2]: stream TTL. Only leases that still exist are written; a fake
-# generation's lease is flagged without an ended entry. Returns how many leases were flagged.
-FLAG_CANCELLED_LEASES_SCRIPT = """
-local n = #KEYS - 1
-local flagged = 0
-for i = 1, n do
-  local lease = KEYS[i + 1]
-  if redis.call('EXISTS', lease) == 1 then
-    redis.call('HSET', lease, 'cancelled', '1')
-    if redis.call('HGET', lease, 'fake') ~= '1' then
-      redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[n + 1], '*', 'gen', ARGV[i], 'ended', '1')
-      redis.call('EXPIRE', KEYS[1], ARGV[n + 2])
-    end
-    flagged = flagged + 1
-  end
-end
-return flagged
-"""
-
-
-async def flag_cancelled_leases(
-    state: AdmissionState, request_id: uuid.UUID, generation_ids: list[uuid.UUID]
-) -> int:
-    """Tell the workers streaming a cancelled request to stop: ``cancelled`` on each lease still present and
-    the generation's ``{gen, ended: 1}`` stream entry, atomically (spec: Streaming progress). The leases are
-    kept, so the worker's next post is still answered (with cancelled true). Best effort: returns the count
-    flagged, 0 on a Redis failure (logged)."""
-    keys = [progress_stream_key(str(request_id)), *(stream_lease_key(str(g)) for g in generation_ids)]
-    args: list[str | int] = [
-        *(str(g) for g in generation_ids),
-        CHAT_PROGRESS_STREAM_MAX_ENTRIES,
-        CHAT_PROGRESS_STREAM_TTL_SECONDS,
-    ]
-    try:
-        flagged = await state.signals.eval(FLAG_CANCELLED_LEASES_SCRIPT, len(keys), *keys, *args)
-    except Exception:
-        log.warning("cancel: lease flagging failed", extra={"request_id": str(request_id)}, exc_info=True)
-        return 0
-    return int(flagged)
-
-
 async def cancel_and_report(state: AdmissionState, request_id: str, is_chat: bool) -> dict[str, Any]:
     """Cancel a request and return its status after the cancel; 404 RequestNotFound for another family.
 
     The cancel sets ``n = 0`` and ``cancelled``; in-flight jobs finish, except streamed chat jobs: each is
     settled on its posted content through submit's SettlementService, then its lease is flagged cancelled
-    and its stream gets the ended entry. The claiming call publishes ``cancelled`` on the completion signal
+    and its stream gets the ended entry (``horde_core.chat_stream.flag_cancelled_leases``, on the signal
+    database; best effort). The claiming call publishes ``cancelled`` on the completion signal
     after its commit.
     """
     rid = parse_request_id(request_id, is_chat)
@@ -161,7 +120,7 @@ async def cancel_and_report(state: AdmissionState, request_id: str, is_chat: boo
     if streamed:
         # Settle on the posted content first, then flag the leases (spec: Streaming progress).
         await settle_streamed(state, streamed)
-        await flag_cancelled_leases(state, rid, streamed)
+        await flag_cancelled_leases(state.signals, str(rid), [str(g) for g in streamed])
     if claimed and is_chat:
         async with state.pool.acquire() as conn:
             finished = await store.count_results(conn, rid)

@@ -16,10 +16,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Depends, Header, Request
 from horde_contract import (
     RC,
-    TEXT_JOB_LEASE_SECONDS,
     TRUSTED_TEXT_JOB_LEASE_CAP_SECONDS,
     UNTRUSTED_TEXT_JOB_LEASE_CAP_SECONDS,
 )
+from horde_core.chat_stream import StreamLease, write_stream_leases
 from horde_core.errors import HordeError
 from horde_store import users
 
@@ -30,7 +30,6 @@ from .payload import chat_job_payload, text_job_payload
 from .pop_body import PopBody, parse_pop_body
 from .queue import SLOW_WORKER_SPEED, PoppedJob, PopWorker, count_skipped, pop_job
 from .state import DispatchState, get_state
-from .stream_lease import lease_fields, write_stream_leases
 from .workers import WorkerRow, check_in, is_validated_bridge
 
 log = logging.getLogger(__name__)
@@ -65,9 +64,10 @@ def _record_assignment(job: PoppedJob, worker: PopWorker, capacity: int, speed: 
         )
 
 
-def _pop_worker(pop: PopBody, owner: users.AuthenticatedUser, worker: WorkerRow) -> PopWorker:
+def _pop_worker(pop: PopBody, owner: users.AuthenticatedUser, worker: WorkerRow, job_ttl: int) -> PopWorker:
     """What the queue query needs: the pop's models and declaration, the stored text limits, the owner's
-    trust, the bridge, the speed gate's capacity (counted in horde.pop.lease_capacity_limited)."""
+    trust, the bridge, the speed gate's capacity (counted in horde.pop.lease_capacity_limited) and the job
+    lease ``job_ttl`` (seconds) a generation gets."""
     declaration = pop.declaration
     capacity = lease_capacity(worker.speed)
     record_capacity_limit(declaration.accepts_chat_jobs, declaration.chat_max_length, capacity)
@@ -96,6 +96,7 @@ def _pop_worker(pop: PopBody, owner: users.AuthenticatedUser, worker: WorkerRow)
         lease_cap=TRUSTED_TEXT_JOB_LEASE_CAP_SECONDS
         if owner.trusted
         else UNTRUSTED_TEXT_JOB_LEASE_CAP_SECONDS,
+        job_ttl=job_ttl,
     )
 
 
@@ -112,7 +113,8 @@ async def pop_text_job(
     bridge_agent, softprompts, priority_usernames, …) and the chat declaration (chat_jobs, prompt_jobs,
     chat_features, chat_limits, model_id, image_transports). Lengths are tokens.
 
-    200 with a job: ``{payload, id, ids, model, ttl: 150, skipped: {}}`` plus ``chat: true`` for a chat job;
+    200 with a job: ``{payload, id, ids, model, ttl, skipped: {}}`` plus ``chat: true`` for a chat job, ``ttl``
+    being the job lease in seconds (HORDE_TEXT_JOB_LEASE_SECONDS, 150 by default; spec: *Job lease*);
     without one: ``{id: null, ids: [], skipped: {reason: count}}``.
     Errors: 400 BadRequest / InvalidPriorityUsername / ChatDeclarationInvalid; 401 InvalidAPIKey;
     403 AnonForbiddenWorker, DeletedUser, WorkerFlaggedMaintenance, WrongCredentials (the name belongs to
@@ -125,7 +127,7 @@ async def pop_text_job(
     async with state.pool.acquire() as conn:
         owner = await authenticate_worker_owner(conn, apikey, settings.secret_key)
         worker = await check_in(conn, owner.id, pop, ipaddr)
-        pw = _pop_worker(pop, owner, worker)
+        pw = _pop_worker(pop, owner, worker, settings.text_job_lease_seconds)
         job = await pop_job(conn, pw)
         if job is None:
             if worker.maintenance:
@@ -145,7 +147,7 @@ async def pop_text_job(
         response["chat"] = True
         if job.stream_progress:
             leases = {
-                gid: lease_fields(
+                gid: StreamLease.at_pop(
                     request_id=str(job.wp_id),
                     worker_id=str(worker.id),
                     model=job.model,
@@ -153,6 +155,7 @@ async def pop_text_job(
                     owner_key_hash=owner.api_key_hash,
                     max_length=job.max_length,
                     started=job.assigned,
+                    job_ttl=pw.job_ttl,
                     lease_cap=pw.lease_cap,
                     trusted=owner.trusted,
                 )
@@ -161,6 +164,6 @@ async def pop_text_job(
             await write_stream_leases(state.signals, leases)
     else:
         response["payload"] = text_job_payload(job)
-    response["ttl"] = TEXT_JOB_LEASE_SECONDS
+    response["ttl"] = pw.job_ttl
     response["skipped"] = {}
     return response

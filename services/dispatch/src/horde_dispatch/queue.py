@@ -1,7 +1,7 @@
 """The queue query: pick the first eligible waiting request for a worker and hand out its job(s).
 
 Spec: chat-requests.md *Eligibility* (rules 1–4 in SQL), *Tool temperature limit*, *Job lease* (speed gate,
-ttl 150, lease cap), *Impossible reason* (assignment snapshot); ai-horde-text-path.md §3 (queue order
+the job_ttl from HORDE_TEXT_JOB_LEASE_SECONDS, lease cap), *Impossible reason* (assignment snapshot); ai-horde-text-path.md §3 (queue order
 ``extra_priority DESC, created ASC``, the owner's and priority users' requests first, filters, batch
 ``min(amount, n)``, a pop decrements n and refreshes the expiry).
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from horde_contract import CHAT_REQUEST_EXPIRY_SECONDS, TEXT_JOB_LEASE_SECONDS, ChatImageTransport
+from horde_contract import CHAT_REQUEST_EXPIRY_SECONDS, ChatImageTransport
 
 from .sql import Conn, Params
 
@@ -40,7 +40,8 @@ class PopWorker:
 
     ``text_*`` are the stored text limits (the 30 s window keeps them), ``models`` the pop's models;
     the ``chat_*`` fields are the declaration of this pop. ``capacity`` is the speed gate's largest chat
-    max_length.
+    max_length. ``lease_cap`` and ``job_ttl`` are the job lease's cap and initial length, in seconds from the
+    pop.
     """
 
     worker_id: uuid.UUID
@@ -65,6 +66,7 @@ class PopWorker:
     paused: bool
     amount: int
     lease_cap: int
+    job_ttl: int
 
     @property
     def receives_images(self) -> bool:
@@ -193,6 +195,7 @@ def build_pop_statement(w: PopWorker) -> tuple[str, list[Any]]:
     worker_id = p.add(w.worker_id, "uuid", "worker_id")
     owner_id = p.add(w.owner_id, "bigint", "owner_id")
     lease_cap = p.add(w.lease_cap, "int")
+    job_ttl = p.add(w.job_ttl, "int")
     chat_ctx = p.add(w.chat_max_context_length, "int")
     chat_len = p.add(w.chat_max_length, "int")
     capacity = p.add(w.capacity, "int")
@@ -234,7 +237,7 @@ WITH prio AS (
         wp_id, worker_id, user_id, model, job_ttl, lease_cap, assigned_model, assigned_max_context_length,
         assigned_max_length, image_transport, over_capacity_at_assignment, created, started_at
     )
-    SELECT t.id, {worker_id}, {owner_id}, t.model, {TEXT_JOB_LEASE_SECONDS}, {lease_cap},
+    SELECT t.id, {worker_id}, {owner_id}, t.model, {job_ttl}, {lease_cap},
            CASE WHEN t.is_chat THEN t.model END,
            CASE WHEN t.is_chat THEN {chat_ctx} END,
            CASE WHEN t.is_chat THEN {chat_len} END,

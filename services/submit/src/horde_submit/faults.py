@@ -12,11 +12,11 @@ import uuid
 
 import asyncpg
 import redis.asyncio as redis
+from horde_core.chat_stream import end_stream
 
 from horde_submit import generations as gens
 from horde_submit.metrics import GATE_SHADOW_OUTCOMES, flag, size_bucket
 from horde_submit.signals import ChatSignal, publish
-from horde_submit.streams import end_stream
 
 
 async def apply_fault(

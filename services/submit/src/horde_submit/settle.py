@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import asyncpg
 import redis.asyncio as redis
 from horde_contract import TextModelReference
-from horde_core.redis_keys import progress_stream_key, stream_lease_key
+from horde_core.chat_stream import read_accepted_bytes, read_generation_entries
 
 from horde_submit import generations as gens
 from horde_submit import pricing
@@ -24,24 +24,16 @@ log = logging.getLogger(__name__)
 
 
 async def read_posted_progress(client: redis.Redis | None, request_id: str, generation_id: str) -> int:
-    """The characters of content the worker posted for the generation (0 when Redis fails)."""
+    """The characters of content the worker posted for the generation: its delta entries' content, in seq
+    order, reasoning aside; the lease's accepted bytes when the stream no longer holds them; 0 without a
+    client or when Redis fails (logged), which settles on the floor."""
     if client is None:
         return 0
     try:
-        entries = await client.xrange(progress_stream_key(request_id))
-        parts: list[tuple[int, str]] = []
-        for _, fields in entries or ():
-            if not fields or fields.get("gen") != generation_id or fields.get("ended"):
-                continue
-            content = fields.get("content", "")
-            parts.append(
-                (int(fields.get("seq", 0)), content if isinstance(content, str) else content.decode())
-            )
-        if parts:
-            parts.sort()
-            return len("".join(content for _, content in parts))
-        accepted = await client.hget(stream_lease_key(generation_id), "bytes")
-        return int(accepted or 0)
+        entries = await read_generation_entries(client, request_id, generation_id)
+        if entries:
+            return len("".join(entry.content for entry in entries))
+        return await read_accepted_bytes(client, generation_id) or 0
     except Exception:
         log.warning("posted progress read failed", extra={"generation_id": generation_id}, exc_info=True)
         return 0

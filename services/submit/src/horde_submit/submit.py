@@ -30,6 +30,7 @@ from horde_contract import TextModelReference, answer_chat_extras
 from horde_contract.errors import RC, ChatContractError
 from horde_contract.limits import CHAT_CHARGE_BASIS_OUTPUT_ESTIMATE
 from horde_contract.vocab import chat_worker_fault_label, chat_worker_fault_message
+from horde_core.chat_stream import delete_lease
 from horde_core.errors import HordeError
 
 from horde_submit import generations as gens
@@ -58,7 +59,6 @@ from horde_submit.metrics import (
     size_bucket,
 )
 from horde_submit.signals import ChatSignal, publish
-from horde_submit.streams import delete_lease
 
 log = logging.getLogger(__name__)
 
