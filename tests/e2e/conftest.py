@@ -127,9 +127,15 @@ def _service_env(base: dict[str, str], ports: dict[str, int]) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def stack(horde_settings_env: dict[str, str]) -> Iterator[Stack]:
+def stack_env_overrides() -> dict[str, str]:
+    """Extra ``HORDE_*`` settings for every process of a module's stack (a module overrides this fixture)."""
+    return {}
+
+
+@pytest.fixture(scope="module")
+def stack(horde_settings_env: dict[str, str], stack_env_overrides: dict[str, str]) -> Iterator[Stack]:
     ports = {name: free_port() for name in [*SERVICES, "dispatch_grpc", "submit_grpc"]}
-    stack = Stack(env=_service_env(horde_settings_env, ports), ports=ports)
+    stack = Stack(env={**_service_env(horde_settings_env, ports), **stack_env_overrides}, ports=ports)
     try:
         for name, module in SERVICES.items():
             process = ServiceProcess(

@@ -12,10 +12,12 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import RedirectResponse
 from horde_core.app import create_app as create_base_app
+from horde_core.redis_keys import redis_client
 
 from horde_oai import completions, models
 from horde_oai.cancels import CancelManager
 from horde_oai.capacity import InFlightCap
+from horde_oai.deltas import DeltaStreamReader, RelayRecords
 from horde_oai.errors import install_openai_error_handlers
 from horde_oai.horde_client import HordeClient
 from horde_oai.models import chat_entries_by_model
@@ -37,9 +39,14 @@ def create_app(settings: OaiSettings | None = None) -> FastAPI:
             timeout=settings.oai_native_timeout_seconds,
             proxy_passkey=settings.oai_proxy_passkey,
         )
-        signals = SignalHub(settings.front_redis_url())
+        redis_url = settings.front_redis_url()
+        signals = SignalHub(redis_url)
         cancels = CancelManager(horde, settings.oai_cancel_retry_seconds)
+        # Progress streams: one client on the stream database, shared by the reader and the resume records.
+        streams = redis_client(redis_url, db=settings.oai_stream_redis_db) if redis_url else None
+        deltas = DeltaStreamReader(streams)
         app.state.horde, app.state.signals, app.state.cancels = horde, signals, cancels
+        app.state.deltas, app.state.relay_records = deltas, RelayRecords(streams)
         cache: dict[str, Any] = {"at": 0.0, "entries": {}}
 
         async def chat_entries() -> Mapping[str, Mapping[str, Any]]:
@@ -55,12 +62,16 @@ def create_app(settings: OaiSettings | None = None) -> FastAPI:
         if signals.enabled:
             app.state.readiness_checks["redis"] = signals.ping
         await signals.start()
+        await deltas.start()
         await cancels.start()
         try:
             yield
         finally:
             await cancels.stop()
+            await deltas.stop()
             await signals.stop()
+            if streams is not None:
+                await streams.aclose()
             await horde.aclose()
 
     app = create_base_app(

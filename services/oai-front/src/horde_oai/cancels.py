@@ -12,6 +12,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 
 import httpx
 
@@ -34,6 +35,7 @@ class CancelManager:
         self._failed: OrderedDict[str, float] = OrderedDict()  # request id -> submitted at (unix)
         self._task: asyncio.Task[None] | None = None
         self._pending: set[asyncio.Task[bool]] = set()
+        self._delayed: set[asyncio.Task[bool]] = set()
 
     async def start(self) -> None:
         if self._task is None:
@@ -45,8 +47,10 @@ class CancelManager:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        if self._pending:
-            await asyncio.gather(*self._pending, return_exceptions=True)
+        for task in self._delayed:
+            task.cancel()  # their cancels run now instead of after the resume grace
+        if self._pending or self._delayed:
+            await asyncio.gather(*self._pending, *self._delayed, return_exceptions=True)
         await self._retry_all()  # once more during shutdown
 
     async def cancel(self, request_id: str, submitted_at: float) -> bool:
@@ -77,6 +81,31 @@ class CancelManager:
         task = asyncio.get_running_loop().create_task(self.cancel(request_id, submitted_at))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
+
+    def cancel_later(
+        self,
+        request_id: str,
+        submitted_at: float,
+        delay: float,
+        unless: Callable[[], Awaitable[bool]],
+    ) -> None:
+        """Cancel after ``delay`` seconds unless ``unless()`` then says the request was taken over (a dropped
+        relayed stream that its client resumed). A shutdown meanwhile cancels at once."""
+
+        async def later() -> bool:
+            try:
+                await asyncio.sleep(delay)
+                if await unless():
+                    return False
+            except asyncio.CancelledError:
+                pass
+            except Exception:
+                log.warning("resume check failed; cancelling", extra={"request_id": request_id}, exc_info=True)
+            return await self.cancel(request_id, submitted_at)
+
+        task = asyncio.get_running_loop().create_task(later())
+        self._delayed.add(task)
+        task.add_done_callback(self._delayed.discard)
 
     def _remember(self, request_id: str, submitted_at: float) -> None:
         self._failed[request_id] = submitted_at

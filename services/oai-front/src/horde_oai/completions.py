@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from horde_contract import ChatContractError, load_json_body, parse_chat_request
 from horde_core.body import BodyReadTimeout, BodyTooLarge, read_bounded_body
 
+from horde_oai.deltas import FIRST_ID
 from horde_oai.errors import OpenAIError, bad_request
 from horde_oai.mapping import (
     build_completion,
@@ -31,10 +32,14 @@ from horde_oai.mapping import (
     effective_completion_limit,
     estimate_prompt_tokens,
     finished_generations,
+    include_reasoning,
     is_size_only_gap,
+    key_digest,
     map_native_error,
     native_message_of,
     new_operation_key,
+    relays_deltas,
+    request_digest,
     requested_models,
 )
 from horde_oai.metrics import (
@@ -43,9 +48,13 @@ from horde_oai.metrics import (
     REQUEST_MAX_TOKENS,
     REQUESTS_ERRORS,
     REQUESTS_REFUSED,
+    STREAM_FAILURES,
+    STREAM_FIRST_CONTENT,
+    STREAM_RELAYS,
     max_tokens_bucket,
     outcome_class_for,
 )
+from horde_oai.relay import DeltaRelay, EventId, parse_event_id, sse_event
 from horde_oai.schema import contract_error, parameter_label, validate_request
 from horde_oai.streaming import buffered_stream_events, sse_error
 from horde_oai.waiter import ChatWait, WaitTrace
@@ -60,6 +69,7 @@ SUBMIT_ERROR_CODES = frozenset(
     {"no_eligible_worker", "no_worker_supports_features", "no_worker_supports_limit"}
 )
 REFUSED_PARAMETER_LOG_LENGTH = 64
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def invalid_json_error(reason: str = "") -> OpenAIError:
@@ -138,6 +148,7 @@ class RequestRecord:
     trace: WaitTrace = field(default_factory=WaitTrace)
     stage: str = ""
     reason: str = ""
+    first_content: float | None = None  # Unix seconds of a stream's first reasoning or content chunk
 
     def finish(self, error: OpenAIError | None = None, *, refused: bool = False) -> None:
         """Record the end: duration and errors metrics (unless ``refused`` recorded it as a refusal), the
@@ -275,6 +286,49 @@ def record_completion(
         )
 
 
+def new_waiter(state: Any, request_id: str, submitted_at: float, body: Mapping[str, Any]) -> ChatWait:
+    """The wait of a submitted (or resumed) request, with the budget of its kind."""
+    settings = state.settings
+    streamed = body.get("stream") is True
+    horde = body.get("horde") or {}
+    return ChatWait(
+        request_id=request_id,
+        submitted_at=submitted_at,
+        budget=settings.oai_stream_timeout_seconds if streamed else settings.oai_nonstream_timeout_seconds,
+        client=state.horde,
+        hub=state.signals,
+        cancels=state.cancels,
+        recheck_seconds=settings.oai_signal_recheck_seconds,
+        grace_seconds=settings.oai_fail_fast_grace_seconds,
+        models=requested_models(body),
+        fail_fast=horde.get("availability_mode") == "fail_fast",
+        chat_entries=state.chat_entries,
+    )
+
+
+def resume_point(request: Request) -> EventId | None:
+    """The ``Last-Event-ID`` of a reconnecting client; 404 stream_not_found when it is not one of ours."""
+    header = request.headers.get("last-event-id")
+    if header is None:
+        return None
+    at = parse_event_id(header)
+    if at is None:
+        raise stream_not_resumable()
+    return at
+
+
+def stream_not_resumable() -> OpenAIError:
+    """404 stream_not_found: no live relayed stream of this key and request matches the Last-Event-ID."""
+    return OpenAIError(
+        404,
+        "There is no stream to resume for this Last-Event-ID: it must name a relayed stream of the same API key "
+        "and the same request body, within 15 minutes of its last delta. Send the request without "
+        "Last-Event-ID to start a new completion.",
+        "stream_not_found",
+        headers={"x-should-retry": "false"},
+    )
+
+
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(request: Request) -> Response:
     """Create a chat completion on the AI Horde (see the OpenAPI description for the body and errors)."""
@@ -296,13 +350,26 @@ async def chat_completions(request: Request) -> Response:
                 "UnsupportedChatParameter",
                 param="horde.dry_run",
             )
-        native_body = build_native_body(screened, new_operation_key())
+        resumed: dict[str, str] | None = None
+        relayed = streamed and relays_deltas(screened) and state.deltas.enabled
+        native_body = build_native_body(screened, new_operation_key(), stream_hint=relayed)
         apply_contract_rules(native_body)
+        resume_at = resume_point(request) if relayed else None
+        if resume_at is not None:
+            resumed = await state.relay_records.load(resume_at.request_id)
+            if (
+                resumed is None
+                or resumed.get("key") != key_digest(apikey)
+                or resumed.get("body") != request_digest(native_body)
+            ):
+                raise stream_not_resumable()
     except OpenAIError as refusal:
         record_refusal(refusal, started, streamed)
         return refusal.response()
     record = RequestRecord(started=started, streamed=streamed, body=screened)
     models = requested_models(screened)
+    if resume_at is not None and resumed is not None:
+        return await _resume(request, record, screened, resume_at, resumed)
     try:
         response = await state.horde.submit(
             apikey,
@@ -330,23 +397,15 @@ async def chat_completions(request: Request) -> Response:
     request_id = str(response.body.get("id"))
     record.request_id = request_id
     record.submitted_at = time.time()
-    budget = settings.oai_stream_timeout_seconds if streamed else settings.oai_nonstream_timeout_seconds
-    waiter = ChatWait(
-        request_id=request_id,
-        submitted_at=record.submitted_at,
-        budget=budget,
-        client=state.horde,
-        hub=state.signals,
-        cancels=state.cancels,
-        recheck_seconds=settings.oai_signal_recheck_seconds,
-        grace_seconds=settings.oai_fail_fast_grace_seconds,
-        models=models,
-        fail_fast=horde.get("availability_mode") == "fail_fast",
-        chat_entries=state.chat_entries,
-    )
+    waiter = new_waiter(state, request_id, record.submitted_at, screened)
     record.trace = waiter.trace
     prompt_estimate = estimate_prompt_tokens(screened.get("messages") or [], screened.get("tools"))
     created = int(record.submitted_at)
+    if relayed:
+        await state.relay_records.save(
+            request_id, key_digest(apikey), request_digest(native_body), record.submitted_at
+        )
+        return await _relayed_stream(request, record, waiter, screened, created, prompt_estimate)
     if streamed:
         return await _stream(request, record, waiter, screened, created, prompt_estimate)
     wait_task = asyncio.create_task(waiter.run())
@@ -386,30 +445,13 @@ async def _stream(
     created: int,
     prompt_estimate: int,
 ) -> Response:
-    """The buffered stream: JSON error before the first-read decision, SSE after it."""
+    """The buffered stream (spec: Buffered stream events): JSON error before the first-read decision, SSE
+    after it, the whole reply at once when the request is done."""
     state = request.app.state
     wait_task = asyncio.create_task(waiter.run())
-    first_read = asyncio.create_task(waiter.first_read_passed.wait())
-    watch_task = asyncio.create_task(_watch_disconnect(request))
-    await asyncio.wait({wait_task, first_read, watch_task}, return_when=asyncio.FIRST_COMPLETED)
-    if watch_task.done() and not wait_task.done():
-        first_read.cancel()
-        wait_task.cancel()
-        with contextlib.suppress(BaseException):
-            await wait_task
-        state.cancels.cancel_in_background(record.request_id, record.submitted_at)
-        record.status, record.code = 499, "client_disconnected"
-        record.finish()
-        return Response(status_code=499)
-    watch_task.cancel()
-    if wait_task.done() and wait_task.exception() is not None:
-        first_read.cancel()
-        error = wait_task.exception()
-        if isinstance(error, OpenAIError):
-            record.finish(error)
-            return error.response()
-        raise error  # type: ignore[misc]
-    first_read.cancel()
+    refused = await _headers_decision(request, record, waiter, wait_task)
+    if refused is not None:
+        return refused
     include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
     keepalive = state.settings.oai_stream_keepalive_seconds
 
@@ -424,6 +466,7 @@ async def _stream(
                 status = wait_task.result()
             except OpenAIError as error:
                 record.finish(error)
+                STREAM_FAILURES.labels(code=error.code or "", outcome_class=outcome_class_for(error.code)).inc()
                 finished = True
                 yield sse_error(error)
                 yield "data: [DONE]\n\n"
@@ -436,6 +479,7 @@ async def _stream(
                 prompt_estimate=prompt_estimate,
             )
             record_completion(record, completion, status)
+            STREAM_FIRST_CONTENT.labels(relayed="false").observe(max(0.0, time.time() - record.started))
             for event in buffered_stream_events(completion, include_usage=include_usage):
                 yield event
             record.finish()
@@ -449,8 +493,211 @@ async def _stream(
                 record.status, record.code = 499, "client_disconnected"
                 record.finish()
 
-    return StreamingResponse(
-        events(),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def _headers_decision(
+    request: Request, record: RequestRecord, waiter: ChatWait, wait_task: asyncio.Task[dict[str, Any]]
+) -> Response | None:
+    """Wait for the first-read decision (spec: Stream errors): a Response when the request ends before any
+    header (its JSON error, or 499 for a client that left, whose request is cancelled), None when the stream
+    may open."""
+    state = request.app.state
+    first_read = asyncio.create_task(waiter.first_read_passed.wait())
+    watch_task = asyncio.create_task(_watch_disconnect(request))
+    try:
+        await asyncio.wait({wait_task, first_read, watch_task}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        first_read.cancel()
+        watch_task.cancel()
+    if watch_task.done() and not wait_task.done():
+        wait_task.cancel()
+        with contextlib.suppress(BaseException):
+            await wait_task
+        state.cancels.cancel_in_background(record.request_id, record.submitted_at)
+        record.status, record.code = 499, "client_disconnected"
+        record.finish()
+        return Response(status_code=499)
+    if wait_task.done() and wait_task.exception() is not None:
+        error = wait_task.exception()
+        if isinstance(error, OpenAIError):
+            record.finish(error)
+            return error.response()
+        raise error  # type: ignore[misc]
+    return None
+
+
+async def _relayed_stream(
+    request: Request,
+    record: RequestRecord,
+    waiter: ChatWait,
+    body: Mapping[str, Any],
+    created: int,
+    prompt_estimate: int,
+    *,
+    resume_at: EventId | None = None,
+    attach: int | None = 1,
+) -> Response:
+    """A relayed stream (spec: Relayed deltas): deltas from the progress stream as they arrive, paced, then the
+    final reply reconciled with them. ``resume_at`` re-attaches a client at its ``Last-Event-ID``."""
+    state = request.app.state
+    settings = state.settings
+    request_id = record.request_id or ""
+    models = requested_models(body)
+    relay = DeltaRelay(
+        request_id=request_id,
+        created=created,
+        default_model=models[0] if models else "",
+        include_reasoning=include_reasoning(body),
+        max_window=settings.oai_delta_pacing_max_window_seconds,
+        max_pieces_per_second=settings.oai_delta_pacing_max_chunks_per_second,
+    )
+    catchup: list[str] = []
+    start_id = FIRST_ID
+    if resume_at is not None:
+        try:
+            history = await state.relay_records.history(request_id)
+        except Exception:
+            log.warning("resume: stream read failed", extra={"request_id": request_id}, exc_info=True)
+            history = []
+        catchup = relay.resume(resume_at, history)
+        start_id = history[-1].id if history else FIRST_ID
+        STREAM_RELAYS.labels(outcome="resumed").inc()
+    feed = state.deltas.register(request_id, start_id)
+    wait_task = asyncio.create_task(waiter.run())
+    try:
+        refused = await _headers_decision(request, record, waiter, wait_task)
+    except BaseException:
+        state.deltas.unregister(feed)
+        raise
+    if refused is not None:
+        state.deltas.unregister(feed)
+        return refused
+    include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    keepalive = settings.oai_stream_keepalive_seconds
+
+    async def events() -> AsyncIterator[str]:
+        finished = False
+        getter: asyncio.Task[list[Any]] | None = None
+        head: list[Any] | None = None  # a batch the getter took off the queue
+        last_sent = time.monotonic()
+        try:
+            for event in catchup:
+                yield event
+            while True:
+                out: list[str] = [] if head is None else relay.on_batch(head)
+                head = None
+                while not feed.batches.empty():
+                    out += relay.on_batch(feed.batches.get_nowait())
+                out += relay.due()
+                for event in out:
+                    yield event
+                if out:
+                    last_sent = time.monotonic()
+                    if relay.first_content_at is not None and record.first_content is None:
+                        record.first_content = relay.first_content_at
+                if wait_task.done():
+                    break
+                timeout = keepalive - (time.monotonic() - last_sent)
+                next_due = relay.next_due()
+                if next_due is not None:
+                    timeout = min(timeout, next_due - time.time())
+                if getter is None:
+                    getter = asyncio.create_task(feed.batches.get())
+                done, _ = await asyncio.wait({getter, wait_task}, timeout=max(0.0, timeout))
+                if getter in done:
+                    head, getter = getter.result(), None
+                elif not done and time.monotonic() - last_sent >= keepalive:
+                    yield ": keepalive\n\n"
+                    last_sent = time.monotonic()
+            try:
+                status = wait_task.result()
+            except OpenAIError as error:
+                record.finish(error)
+                STREAM_FAILURES.labels(code=error.code or "", outcome_class=outcome_class_for(error.code)).inc()
+                finished = True
+                for event in relay.fail(error):
+                    yield event
+                return
+            completion = build_completion(
+                request_id=request_id, created=created, body=body, status=status, prompt_estimate=prompt_estimate
+            )
+            record_completion(record, completion, status)
+            exposed = relay.exposed
+            final = relay.finish(completion, include_usage=include_usage)
+            diverged = relay.diverged
+            finished = True
+            for event in final:
+                yield event
+            if relay.first_content_at is not None and record.first_content is None:
+                record.first_content = relay.first_content_at
+            STREAM_RELAYS.labels(
+                outcome="diverged" if diverged else "relayed" if exposed else "whole"
+            ).inc()
+            if diverged:
+                record.status, record.code = 502, "ChatStreamDiverged"
+                STREAM_FAILURES.labels(code=record.code, outcome_class=outcome_class_for(record.code)).inc()
+            record.finish()
+        finally:
+            if getter is not None:
+                getter.cancel()
+            state.deltas.unregister(feed)
+            if record.first_content is not None:
+                STREAM_FIRST_CONTENT.labels(relayed="true").observe(max(0.0, record.first_content - record.started))
+            if not finished:
+                # The client went away mid-stream: drop pending pieces; cancel unless it resumes in time.
+                relay.drop()
+                if not wait_task.done():
+                    wait_task.cancel()
+                    _cancel_unless_resumed(state, request_id, record.submitted_at or time.time(), attach)
+                record.status, record.code = 499, "client_disconnected"
+                record.finish()
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+def _cancel_unless_resumed(state: Any, request_id: str, submitted_at: float, attach: int | None) -> None:
+    """Cancel a dropped relayed stream's request after the resume grace, unless another connection attached
+    meanwhile (on any front replica: the attach count lives in Redis)."""
+    grace = state.settings.oai_stream_resume_grace_seconds
+    if grace <= 0 or attach is None:
+        state.cancels.cancel_in_background(request_id, submitted_at)
+        return
+
+    async def resumed() -> bool:
+        now = await state.relay_records.attachments(request_id)
+        return now is not None and now > attach
+
+    state.cancels.cancel_later(request_id, submitted_at, grace, resumed)
+
+
+async def _resume(
+    request: Request,
+    record: RequestRecord,
+    body: Mapping[str, Any],
+    at: EventId,
+    found: Mapping[str, str],
+) -> Response:
+    """Re-attach a client to its relayed stream at ``at`` (README: Resumable streams): no new request, no new
+    charge. A client that already had the finish chunk gets ``data: [DONE]``."""
+    state = request.app.state
+    try:
+        submitted_at = float(found.get("submitted_at") or 0.0)
+    except ValueError:
+        submitted_at = 0.0
+    record.request_id = at.request_id
+    record.submitted_at = submitted_at or time.time()
+    if at.final:
+        record.finish()
+
+        async def done() -> AsyncIterator[str]:
+            yield sse_event(at, "[DONE]")
+
+        return StreamingResponse(done(), media_type="text/event-stream", headers=SSE_HEADERS)
+    attach = await state.relay_records.attach(at.request_id)
+    waiter = new_waiter(state, at.request_id, record.submitted_at, body)
+    record.trace = waiter.trace
+    prompt_estimate = estimate_prompt_tokens(body.get("messages") or [], body.get("tools"))
+    return await _relayed_stream(
+        request, record, waiter, body, int(record.submitted_at), prompt_estimate, resume_at=at, attach=attach
     )

@@ -10,6 +10,7 @@ Request → native body (:func:`build_native_body`); native status → ``chat.co
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import re
 import time
@@ -96,6 +97,33 @@ def build_native_body(
     if stream_hint:
         native["stream"] = True
     return native
+
+
+def relays_deltas(body: Mapping[str, Any]) -> bool:
+    """True for a request whose progress the front relays (spec: Relayed deltas): ``stream: true``, no tools,
+    and no response_format other than text. Tool calls and structured output are verified only once the reply
+    is complete, so they are never relayed before verification."""
+    if body.get("stream") is not True or body.get("tools"):
+        return False
+    response_format = body.get("response_format")
+    return response_format is None or (
+        isinstance(response_format, Mapping) and response_format.get("type") == "text"
+    )
+
+
+def request_digest(native_body: Mapping[str, Any]) -> str:
+    """SHA-256 of a native body without its ``horde.operation_key``: a resumed stream must carry the request
+    it resumes."""
+    horde = {k: v for k, v in (native_body.get("horde") or {}).items() if k != "operation_key"}
+    canonical = {**native_body, "horde": horde}
+    canonical.pop("stream", None)
+    text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def key_digest(apikey: str) -> str:
+    """SHA-256 of an API key, as the front stores it (never the key itself)."""
+    return hashlib.sha256(apikey.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def effective_completion_limit(

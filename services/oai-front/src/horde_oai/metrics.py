@@ -10,6 +10,9 @@ from horde_core.metrics import counter, histogram
 
 BUCKETS_REQUEST_LIFECYCLE_SECONDS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200)
 BUCKETS_MAX_TOKENS = (16, 64, 128, 256, 512, 768, 1024, 2048, 4096, 8192, 16384)
+BUCKETS_POST_GAP_SECONDS = (0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10)
+BUCKETS_PIECES_PER_POST = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 80)
+BUCKETS_REASONING_SHARE = (0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1)
 
 # Outcome class by code (spec: Outcome class). A code not listed is unclassified on purpose.
 OUTCOME_CLASS_BY_CODE: dict[str, str] = {
@@ -22,6 +25,8 @@ OUTCOME_CLASS_BY_CODE: dict[str, str] = {
     "model_not_found": "unservable",
     "ChatRequestFaulted": "service_fault",
     "ChatRequestNoGeneration": "service_fault",
+    "ChatStreamDiverged": "service_fault",
+    "stream_not_found": "client_error",
     "HordeUnavailable": "service_fault",
     "InternalServerError": "service_fault",
     "BadRequest": "client_error",
@@ -89,4 +94,49 @@ REQUEST_MAX_TOKENS = histogram(
     "Completion limit of each request the Horde accepted",
     ["horde.source"],
     buckets=BUCKETS_MAX_TOKENS,
+)
+
+
+# --- relayed deltas (spec: Relayed deltas, Histogram buckets) ---------------------------------------------------
+
+DELTA_READS = counter(
+    "horde.oai.delta_reads",
+    "Reads of the progress streams by the process's delta reader: entries, failed, abandoned (over 5 s)",
+    ["horde.outcome"],
+)
+STREAM_RELAYS = counter(
+    "horde.oai.stream.relays",
+    "How relayed streams ended: relayed (deltas exposed), whole (delivered whole), diverged, resumed",
+    ["horde.outcome"],
+)
+STREAM_FAILURES = counter(
+    "horde.oai.stream.failures",
+    "Errors sent as an SSE error event after a stream's headers",
+    ["horde.code", "horde.outcome_class"],
+)
+STREAM_POST_GAP = histogram(
+    "horde.oai.stream.post_gap",
+    "Seconds between two posts of the relayed generation (their stream id times)",
+    buckets=BUCKETS_POST_GAP_SECONDS,
+)
+STREAM_PACING_LAG = histogram(
+    "horde.oai.stream.pacing_lag",
+    "Seconds from reading a delta to sending its last piece",
+    buckets=BUCKETS_POST_GAP_SECONDS,
+)
+STREAM_PIECES_PER_POST = histogram(
+    "horde.oai.stream.pieces_per_post",
+    "Pieces a paced delta was cut into",
+    buckets=BUCKETS_PIECES_PER_POST,
+)
+STREAM_FIRST_CONTENT = histogram(
+    "horde.oai.stream.first_content",
+    "Seconds from a streamed request's arrival to its first reasoning or content chunk",
+    ["horde.relayed"],
+    buckets=BUCKETS_REQUEST_LIFECYCLE_SECONDS,
+)
+STREAM_REASONING_SHARE = histogram(
+    "horde.oai.stream.reasoning_share",
+    "Share of a relayed stream's characters that were reasoning",
+    buckets=BUCKETS_REASONING_SHARE,
 )

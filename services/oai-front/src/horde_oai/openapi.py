@@ -35,7 +35,7 @@ RETRY_HEADERS = {
 COMPLETION_ERRORS = {
     "400": "BadRequest, UnsupportedChatParameter, ChatRequestConflict, max_kudos_exceeded, no_worker_supports_limit",
     "401": "invalid_api_key, InvalidAPIKey",
-    "404": "model_not_found, no_worker_supports_features",
+    "404": "model_not_found, no_worker_supports_features, stream_not_found (a Last-Event-ID that names no resumable stream)",
     "408": "ChatRequestTimeout",
     "413": "RequestTooLarge",
     "429": "rate_limit_exceeded",
@@ -80,13 +80,30 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
         "content": {"application/json": {"schema": {"$ref": "#/components/schemas/OpenAIErrorEnvelope"}}}
     }
     post = doc["paths"]["/v1/chat/completions"]["post"]
+    post["parameters"] = [
+        {
+            "name": "Last-Event-ID",
+            "in": "header",
+            "required": False,
+            "description": (
+                "Resume a relayed stream (stream true, no tools, no structured output): the id of the last event "
+                "received. The same API key and body re-attach to the same completion and get the rest of the "
+                "stream, with no new request and no new charge."
+            ),
+            "schema": {"type": "string", "maxLength": 200},
+        }
+    ]
     post["requestBody"] = {
         "required": True,
         "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ChatCompletionRequest"}}},
     }
     post["responses"] = {
         "200": {
-            "description": "The completion, or with stream true a text/event-stream of chunks ending data: [DONE].",
+            "description": (
+                "The completion, or with stream true a text/event-stream of chunks ending data: [DONE]. A "
+                "relayed stream sends the reply as the worker writes it; each of its events has an id: for "
+                "Last-Event-ID."
+            ),
             "content": {
                 "application/json": {"schema": {"$ref": "#/components/schemas/ChatCompletionResponse"}},
                 "text/event-stream": {"schema": {"$ref": "#/components/schemas/ChatCompletionChunk"}},

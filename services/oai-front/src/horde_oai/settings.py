@@ -34,6 +34,15 @@ class OaiSettings(HordeSettings):
     oai_submit_retries: int = Field(default=2, ge=0)
     # Seconds between retries of a cancel that failed.
     oai_cancel_retry_seconds: float = Field(default=30.0, gt=0)
+    # Logical database of the progress streams (the chat signal database, where the horde writes them).
+    oai_stream_redis_db: int = Field(default=7, ge=0)
+    # Pacing of relayed deltas (spec: Pacing): the longest window a delta's pieces are spread over (0 sends each
+    # delta as it arrives), and the most pieces per second of a window.
+    oai_delta_pacing_max_window_seconds: float = Field(default=2.0, ge=0)
+    oai_delta_pacing_max_chunks_per_second: float = Field(default=20.0, gt=0)
+    # How long a dropped relayed stream waits for its client to resume it (Last-Event-ID) before the front
+    # cancels the request. 0 cancels at once.
+    oai_stream_resume_grace_seconds: float = Field(default=3.0, ge=0)
     # Largest body the front reads (the native MAX_CHAT_BODY_BYTES); larger returns 413.
     oai_max_body_bytes: int = Field(default=36 * 1024 * 1024, gt=0)
 

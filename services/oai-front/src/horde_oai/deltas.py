@@ -1,0 +1,225 @@
+"""The front's one reader of progress streams (spec: chat-front.md *Redis reads and recovery*).
+
+:class:`DeltaStreamReader` is one background task per process. Every relayed request registers a
+:class:`DeltaFeed`; the task reads ``horde:chat:stream:<request id>`` of every registered request with one
+``XREAD BLOCK 250`` on ``HORDE_OAI_STREAM_REDIS_DB`` and queues each stream's entries, as one batch per read,
+on its feed. Recovery:
+
+- a read that takes longer than :data:`DELTA_READ_TIMEOUT_SECONDS` is abandoned and made again (a connection
+  left unresponsive by a network fault); the reader sends no PING;
+- a failed read is made again after :data:`DELTA_READ_RETRY_SECONDS` from the last entry read, so nothing is
+  skipped (the stream retains its entries);
+- a deleted or expired stream yields nothing, and a stream recreated with ids below the last id read yields
+  nothing either: XREAD only returns ids above the one asked for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+import redis.asyncio as redis
+from horde_core.chat_stream import StreamEntry, progress_stream_key, request_id_of_stream
+
+from horde_oai.metrics import DELTA_READS
+
+log = logging.getLogger(__name__)
+
+DELTA_READ_BLOCK_MILLISECONDS = 250
+DELTA_READ_TIMEOUT_SECONDS = 5.0
+DELTA_READ_RETRY_SECONDS = 2.0
+# Entries taken per stream and read; a generation posts about once a second, so this is never the bound.
+DELTA_READ_COUNT = 500
+FIRST_ID = "0-0"
+
+
+class DeltaFeed:
+    """One registered request: batches of :class:`StreamEntry` in stream order, one batch per read."""
+
+    def __init__(self, request_id: str, start_id: str = FIRST_ID) -> None:
+        self.request_id = request_id
+        self.key = progress_stream_key(request_id)
+        self.last_id = start_id
+        self.batches: asyncio.Queue[list[StreamEntry]] = asyncio.Queue()
+
+
+class DeltaStreamReader:
+    """The process-wide reader. ``client`` None (no Redis) makes every feed silent."""
+
+    def __init__(
+        self,
+        client: redis.Redis | None,
+        *,
+        block_ms: int = DELTA_READ_BLOCK_MILLISECONDS,
+        read_timeout: float = DELTA_READ_TIMEOUT_SECONDS,
+        retry_seconds: float = DELTA_READ_RETRY_SECONDS,
+    ) -> None:
+        self.client = client
+        self.block_ms = block_ms
+        self.read_timeout = read_timeout
+        self.retry_seconds = retry_seconds
+        self._feeds: dict[str, DeltaFeed] = {}
+        self._have_feeds = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.client is not None
+
+    @property
+    def registered(self) -> int:
+        """How many requests are being read."""
+        return len(self._feeds)
+
+    async def start(self) -> None:
+        if self.client is not None and self._task is None:
+            self._task = asyncio.create_task(self._run(), name="horde-oai-delta-reader")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+
+    def register(self, request_id: str, start_id: str = FIRST_ID) -> DeltaFeed:
+        """Read ``request_id``'s stream from after ``start_id`` (its start by default).
+
+        One feed per request and process: a second registration of the same request replaces the first (a
+        resumed stream takes over from the connection it resumes)."""
+        feed = DeltaFeed(request_id, start_id)
+        self._feeds[request_id] = feed
+        self._have_feeds.set()
+        return feed
+
+    def unregister(self, feed: DeltaFeed) -> None:
+        if self._feeds.get(feed.request_id) is feed:
+            del self._feeds[feed.request_id]
+        if not self._feeds:
+            self._have_feeds.clear()
+
+    async def _run(self) -> None:
+        while True:
+            await self._have_feeds.wait()
+            feeds = list(self._feeds.values())
+            if not feeds:
+                continue
+            started = time.monotonic()
+            try:
+                result = await asyncio.wait_for(self._read(feeds), self.read_timeout)
+            except asyncio.CancelledError:
+                raise
+            except TimeoutError:
+                DELTA_READS.labels(outcome="abandoned").inc()
+                log.warning("delta read took over %.0f s; abandoned and made again", self.read_timeout)
+                continue
+            except Exception:
+                DELTA_READS.labels(outcome="failed").inc()
+                log.warning("delta read failed; retrying in %.0f s", self.retry_seconds, exc_info=True)
+                await asyncio.sleep(self.retry_seconds)
+                continue
+            if result:
+                DELTA_READS.labels(outcome="entries").inc()
+                self._deliver(feeds, result)
+            elif time.monotonic() - started < self.block_ms / 2000:
+                # XREAD BLOCK answered at once with nothing (e.g. every key missing on some servers): don't spin.
+                await asyncio.sleep(self.block_ms / 1000)
+
+    async def _read(self, feeds: list[DeltaFeed]) -> Any:
+        assert self.client is not None
+        streams = {feed.key: feed.last_id for feed in feeds}
+        return await self.client.xread(streams, count=DELTA_READ_COUNT, block=self.block_ms)  # type: ignore[arg-type]
+
+    def _deliver(self, feeds: list[DeltaFeed], result: Any) -> None:
+        by_key = {feed.key: feed for feed in feeds}
+        items = result.items() if isinstance(result, dict) else result
+        for key, entries in items:
+            key_text = key.decode() if isinstance(key, bytes) else str(key)
+            feed = by_key.get(key_text)
+            batch = [StreamEntry.from_fields(entry_id, fields) for entry_id, fields in entries or ()]
+            if feed is None or not batch:
+                continue
+            feed.last_id = batch[-1].id
+            # A feed that unregistered during the read is no longer in self._feeds: nothing is queued for it.
+            if self._feeds.get(feed.request_id) is feed:
+                feed.batches.put_nowait(batch)
+            log.debug("delta read", extra={"request_id": request_id_of_stream(key_text), "entries": len(batch)})
+
+
+# --- resumable streams (beyond the spec; README "Resumable streams") ---------------------------------------------
+
+RELAY_RECORD_PREFIX = "horde:oai:relay:"
+# The stream keeps its entries 900 s after the last append; the record lives as long.
+RELAY_RECORD_TTL_SECONDS = 900
+
+
+def relay_record_key(request_id: str) -> str:
+    """``horde:oai:relay:<request id>``: who may resume a relayed stream, on the stream database."""
+    return f"{RELAY_RECORD_PREFIX}{request_id}"
+
+
+class RelayRecords:
+    """The records that let a client re-attach to a relayed stream (any front replica): a hash of ``key``
+    (SHA-256 of the API key), ``body`` (the request's digest), ``submitted_at`` (Unix seconds) and
+    ``attach`` (how many connections attached so far). Every operation is best effort: a Redis failure
+    makes a stream not resumable, never fails it."""
+
+    def __init__(self, client: redis.Redis | None, ttl_seconds: int = RELAY_RECORD_TTL_SECONDS) -> None:
+        self.client = client
+        self.ttl_seconds = ttl_seconds
+
+    async def save(self, request_id: str, key_digest: str, body_digest: str, submitted_at: float) -> None:
+        if self.client is None:
+            return
+        key = relay_record_key(request_id)
+        try:
+            async with self.client.pipeline(transaction=True) as pipe:
+                pipe.hset(
+                    key,
+                    mapping={"key": key_digest, "body": body_digest, "submitted_at": submitted_at, "attach": 1},
+                )
+                pipe.expire(key, self.ttl_seconds)
+                await pipe.execute()
+        except Exception:
+            log.warning("relay record write failed", extra={"request_id": request_id}, exc_info=True)
+
+    async def load(self, request_id: str) -> dict[str, str] | None:
+        """The record, or None when absent or unreadable."""
+        if self.client is None:
+            return None
+        try:
+            raw = await self.client.hgetall(relay_record_key(request_id))
+        except Exception:
+            log.warning("relay record read failed", extra={"request_id": request_id}, exc_info=True)
+            return None
+        return {str(k): str(v) for k, v in raw.items()} or None
+
+    async def attach(self, request_id: str) -> int | None:
+        """Count one more attached connection; returns the new count (None on failure)."""
+        if self.client is None:
+            return None
+        try:
+            return int(await self.client.hincrby(relay_record_key(request_id), "attach", 1))
+        except Exception:
+            log.warning("relay record attach failed", extra={"request_id": request_id}, exc_info=True)
+            return None
+
+    async def attachments(self, request_id: str) -> int | None:
+        """The attach count now (None when the record is gone or Redis fails)."""
+        if self.client is None:
+            return None
+        try:
+            value = await self.client.hget(relay_record_key(request_id), "attach")
+        except Exception:
+            return None
+        return int(value) if value is not None else None
+
+    async def history(self, request_id: str) -> list[StreamEntry]:
+        """The request's progress stream so far (at most CHAT_PROGRESS_STREAM_MAX_ENTRIES entries)."""
+        if self.client is None:
+            return []
+        entries: Any = await self.client.xrange(progress_stream_key(request_id))
+        return [StreamEntry.from_fields(entry_id, fields) for entry_id, fields in entries or ()]

@@ -1,0 +1,152 @@
+"""The delta reader and the resume records against a real Redis (spec: chat-front.md *Redis reads and
+recovery*): one XREAD for every registered request, batches per read, recovery from a broken connection
+without skipping entries, and nothing from a stream recreated below the last id read."""
+
+from __future__ import annotations
+
+import asyncio
+
+from horde_core.chat_stream import progress_stream_key
+from horde_core.redis_keys import CHAT_SIGNAL_DB, redis_client
+from horde_oai.deltas import DeltaFeed, DeltaStreamReader, RelayRecords
+
+
+async def next_batch(feed: DeltaFeed):
+    return await asyncio.wait_for(feed.batches.get(), 5.0)
+
+
+async def test_one_reader_serves_every_registered_request_in_order(redis_url):
+    client = redis_client(redis_url, db=CHAT_SIGNAL_DB)
+    writer = redis_client(redis_url, db=CHAT_SIGNAL_DB)
+    reader = DeltaStreamReader(client, block_ms=50)
+    await writer.delete(progress_stream_key("r1"), progress_stream_key("r2"), progress_stream_key("r3"))
+    await reader.start()
+    try:
+        one, two = reader.register("r1"), reader.register("r2")
+        await writer.xadd(progress_stream_key("r1"), {"gen": "g", "seq": 1, "content": "a"})
+        await writer.xadd(progress_stream_key("r1"), {"gen": "g", "seq": 2, "content": "b"})
+        await writer.xadd(progress_stream_key("r2"), {"gen": "h", "ended": 1})
+        got: list[str] = []
+        while len(got) < 2:
+            got += [e.content for e in await next_batch(one)]
+        assert got == ["a", "b"]
+        (marker,) = await next_batch(two)
+        assert marker.ended and marker.gen == "h"
+        assert reader.registered == 2
+        reader.unregister(two)
+        await writer.xadd(progress_stream_key("r2"), {"gen": "h", "seq": 1, "content": "late"})
+        await writer.xadd(progress_stream_key("r1"), {"gen": "g", "seq": 3, "content": "c"})
+        assert [e.content for e in await next_batch(one)] == ["c"]
+        assert two.batches.empty()
+    finally:
+        await reader.stop()
+        await client.aclose()
+        await writer.aclose()
+
+
+async def test_registration_from_an_id_skips_what_came_before(redis_url):
+    client = redis_client(redis_url, db=CHAT_SIGNAL_DB)
+    reader = DeltaStreamReader(client, block_ms=50)
+    key = progress_stream_key("from-id")
+    await client.delete(key)
+    first = await client.xadd(key, {"gen": "g", "seq": 1, "content": "seen"})
+    await client.xadd(key, {"gen": "g", "seq": 2, "content": "new"})
+    await reader.start()
+    try:
+        feed = reader.register("from-id", first)
+        assert [e.content for e in await next_batch(feed)] == ["new"]
+    finally:
+        await reader.stop()
+        await client.aclose()
+
+
+async def test_a_recreated_stream_with_lower_ids_yields_nothing(redis_url):
+    client = redis_client(redis_url, db=CHAT_SIGNAL_DB)
+    reader = DeltaStreamReader(client, block_ms=50)
+    key = progress_stream_key("recreated")
+    await client.delete(key)
+    await client.xadd(key, {"gen": "g", "seq": 1, "content": "x"}, id="5000-0")
+    await reader.start()
+    try:
+        feed = reader.register("recreated")
+        assert [e.id for e in await next_batch(feed)] == ["5000-0"]
+        await client.delete(key)  # a failover lost the key; the horde writes it again from lower ids
+        await client.xadd(key, {"gen": "g", "seq": 2, "content": "y"}, id="4000-0")
+        await asyncio.sleep(0.3)
+        assert feed.batches.empty()
+        await client.xadd(key, {"gen": "g", "seq": 3, "content": "z"}, id="6000-0")
+        assert [e.content for e in await next_batch(feed)] == ["z"]
+    finally:
+        await reader.stop()
+        await client.aclose()
+
+
+async def test_a_broken_connection_is_read_again_from_the_last_entry(redis_url):
+    client = redis_client(redis_url, db=CHAT_SIGNAL_DB)
+    admin = redis_client(redis_url, db=CHAT_SIGNAL_DB)
+    reader = DeltaStreamReader(client, block_ms=2000, retry_seconds=0.1)
+    key = progress_stream_key("broken")
+    await admin.delete(key)
+    await reader.start()
+    try:
+        feed = reader.register("broken")
+        await admin.xadd(key, {"gen": "g", "seq": 1, "content": "before"})
+        assert [e.content for e in await next_batch(feed)] == ["before"]
+        await asyncio.sleep(0.1)  # the reader is blocked in XREAD again
+        await admin.client_kill_filter(_type="normal", skipme=True)
+        await admin.xadd(key, {"gen": "g", "seq": 2, "content": "after"})
+        got = await next_batch(feed)
+        assert [e.content for e in got] == ["after"]
+        assert feed.batches.empty()
+    finally:
+        await reader.stop()
+        await client.aclose()
+        await admin.aclose()
+
+
+async def test_a_read_over_the_timeout_is_abandoned_and_made_again(redis_url):
+    client = redis_client(redis_url, db=CHAT_SIGNAL_DB)
+    writer = redis_client(redis_url, db=CHAT_SIGNAL_DB)
+    # BLOCK longer than the timeout: every empty read is abandoned, as a hung connection's would be.
+    reader = DeltaStreamReader(client, block_ms=3000, read_timeout=0.2, retry_seconds=0.1)
+    key = progress_stream_key("abandoned")
+    await writer.delete(key)
+    await reader.start()
+    try:
+        feed = reader.register("abandoned")
+        await asyncio.sleep(0.5)  # at least one abandoned read
+        await writer.xadd(key, {"gen": "g", "seq": 1, "content": "still here"})
+        assert [e.content for e in await next_batch(feed)] == ["still here"]
+    finally:
+        await reader.stop()
+        await client.aclose()
+        await writer.aclose()
+
+
+async def test_reader_without_redis_is_silent():
+    reader = DeltaStreamReader(None)
+    await reader.start()
+    feed = reader.register("x")
+    assert not reader.enabled
+    await asyncio.sleep(0.05)
+    assert feed.batches.empty()
+    await reader.stop()
+
+
+async def test_relay_records_save_load_attach_and_history(redis_url):
+    client = redis_client(redis_url, db=CHAT_SIGNAL_DB)
+    records = RelayRecords(client, ttl_seconds=60)
+    try:
+        await records.save("rec", "k" * 64, "b" * 64, 1234.5)
+        found = await records.load("rec")
+        assert found == {"key": "k" * 64, "body": "b" * 64, "submitted_at": "1234.5", "attach": "1"}
+        assert 0 < await client.ttl("horde:oai:relay:rec") <= 60
+        assert await records.attach("rec") == 2
+        assert await records.attachments("rec") == 2
+        assert await records.load("missing") is None
+        assert await records.attachments("missing") is None
+        await client.delete(progress_stream_key("rec"))
+        await client.xadd(progress_stream_key("rec"), {"gen": "g", "seq": 1, "content": "hi"})
+        assert [e.content for e in await records.history("rec")] == ["hi"]
+    finally:
+        await client.aclose()
