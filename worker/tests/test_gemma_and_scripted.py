@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
 import pytest
 from horde_worker.backends import gemma
-from horde_worker.backends.scripted import GREETING, ScriptedBackend, parse_markers
-from horde_worker.jobs import BackendFault, ChatJob, TextJob
-from horde_worker.replies import build_chat_submit
+from horde_worker.backends.scripted import (
+    GREETING,
+    ScriptedBackend,
+    filler_words,
+    parse_markers,
+    stream_pieces,
+)
+from horde_worker.jobs import BackendFault, ChatDelta, ChatJob, ChatOutput, TextJob
+from horde_worker.replies import ThinkSplitter, build_chat_submit
 from horde_worker.schema_sample import sample_value
 
 WEATHER = {
@@ -231,3 +239,104 @@ async def test_text_jobs() -> None:
     assert await backend.generate_text(job, 2) == "Hello from"
     with pytest.raises(BackendFault):
         await backend.generate_text(TextJob(id="t", prompt="[[fault:generation_error]]", payload={}), 10)
+
+
+# -- scripted streaming -------------------------------------------------------------------------------------------
+
+
+async def collect(backend: ScriptedBackend, job: ChatJob) -> tuple[list[tuple[float, ChatDelta]], ChatOutput]:
+    """The deltas (with their arrival time from the start) and the final output of a stream."""
+    start = time.monotonic()
+    deltas: list[tuple[float, ChatDelta]] = []
+    final: ChatOutput | None = None
+    async for item in backend.stream_chat(job):
+        if isinstance(item, ChatOutput):
+            final = item
+        else:
+            assert final is None, "the output comes last"
+            deltas.append((time.monotonic() - start, item))
+    assert final is not None
+    return deltas, final
+
+
+def test_words_and_pieces() -> None:
+    assert filler_words(3) == "alpha bravo charlie"
+    assert len(filler_words(60).split()) == 60 and filler_words(27).split()[-1] == "alpha"
+    assert stream_pieces("<think>a b</think>\n\nc ") == ["<think>a", " b</think>", "\n\nc", " "]
+    assert stream_pieces("") == []
+
+
+async def test_stream_without_pace_concatenates_to_the_output() -> None:
+    deltas, out = await collect(ScriptedBackend(), chat("Say hi [[words:5]]", max_length=64))
+    assert out.content == f"{GREETING} Say hi alpha bravo charlie delta echo"
+    assert [d.content for _, d in deltas] == stream_pieces(out.content)
+    assert all(d.reasoning == "" for _, d in deltas)
+
+
+async def test_pace_spreads_the_reply_evenly() -> None:
+    deltas, out = await collect(ScriptedBackend(), chat("go [[pace:0.6]] [[words:25]]", max_length=64))
+    assert len(deltas) == len(out.content.split()) == 31
+    times = [t for t, _ in deltas]
+    assert 0.55 <= times[-1] < 1.5
+    assert times[0] < 0.15  # the first word after one step, not after the whole pace
+    assert "".join(d.content for _, d in deltas) == out.content
+
+
+async def test_pace_without_streaming_returns_after_the_pace() -> None:
+    start = time.monotonic()
+    out = await ScriptedBackend().generate_chat(chat("go [[pace:0.3]]"))
+    assert time.monotonic() - start >= 0.29 and out.content == f"{GREETING} go"
+
+
+async def test_think_streams_reasoning_first_then_content() -> None:
+    j = chat("why? [[think]] [[words:3]]", max_length=64)
+    deltas, out = await collect(ScriptedBackend(), j)
+    splitter = ThinkSplitter()
+    order: list[str] = []
+    reasoning, content = "", ""
+    for _, d in deltas:
+        r, c = splitter.feed(d.content)
+        reasoning, content = reasoning + r, content + c
+        order += ["r"] * bool(r) + ["c"] * bool(c)
+    r, c = splitter.flush()
+    reasoning, content = reasoning + r, content + c
+    assert order == sorted(order, reverse=True) and "r" in order and "c" in order  # all reasoning first
+    body = build_chat_submit(j, out, "m", ALL)
+    assert (reasoning, content) == (body["message"]["reasoning_content"], body["message"]["content"])
+    assert content == f"{GREETING} why? alpha bravo charlie"
+
+
+async def test_a_paced_stream_is_cancelled_at_once() -> None:
+    received: list[ChatDelta | ChatOutput] = []
+
+    async def consume() -> None:
+        async for item in ScriptedBackend().stream_chat(chat("slow [[pace:6.5]] [[words:10]]")):
+            received.append(item)
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(0.75)  # 6.5 s over 13 pieces: one piece every 0.5 s
+    started = time.monotonic()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert time.monotonic() - started < 0.1
+    assert len(received) == 1 and isinstance(received[0], ChatDelta)
+
+
+async def test_tool_replies_are_not_streamed() -> None:
+    deltas, out = await collect(ScriptedBackend(), chat("[[tool]]", tools=[WEATHER], tool_choice="required"))
+    assert deltas == [] and out.tool_calls
+
+
+async def test_random_starts_the_reply_with_a_random_word() -> None:
+    backend = ScriptedBackend()
+    first = await backend.generate_chat(chat("again [[random]]"))
+    second = await backend.generate_chat(chat("again [[random]]"))
+    assert first.content != second.content
+    assert (first.content or "").split(" ", 1)[1] == f"{GREETING} again"
+
+
+async def test_pace_applies_to_text_jobs() -> None:
+    started = time.monotonic()
+    out = await ScriptedBackend().generate_text(TextJob(id="t", prompt="go [[pace:0.2]]", payload={}), 10)
+    assert time.monotonic() - started >= 0.19 and out == f"{GREETING} go"

@@ -26,7 +26,7 @@ from horde_worker.backends.base import Backend
 from horde_worker.backends.llamacpp import LlamaCppBackend, default_model_path
 from horde_worker.backends.openai import LLAMA_CPP_PYTHON, OpenAIBackend
 from horde_worker.config import WorkerSettings
-from horde_worker.jobs import BackendFault, ChatJob
+from horde_worker.jobs import BackendFault, ChatDelta, ChatJob, ChatOutput
 from horde_worker.worker import Timings, Worker
 from worker_standin import StandInHorde, chat_job, text_job
 
@@ -143,6 +143,46 @@ async def test_llamacpp_unbuildable_grammar(llama_backend: LlamaCppBackend) -> N
     assert err.value.reason == "unbuildable_grammar"
 
 
+async def test_llamacpp_streams_the_reply_it_generates_whole(llama_backend: LlamaCppBackend) -> None:
+    j = job("Write one sentence about the sea.", max_length=48)
+    whole = await llama_backend.generate_chat(j)
+    deltas: list[ChatDelta] = []
+    out: ChatOutput | None = None
+    async for item in llama_backend.stream_chat(j):
+        if isinstance(item, ChatOutput):
+            out = item
+        else:
+            assert out is None
+            deltas.append(item)
+    assert out is not None and len(deltas) > 1
+    assert "".join(d.content for d in deltas) == out.content
+    assert out.content == whole.content  # greedy: the same text streamed or not
+    assert out.prompt_tokens == whole.prompt_tokens and out.completion_tokens
+    assert "<end_of_turn>" not in (out.content or "")
+
+
+async def test_llamacpp_stream_stops_at_the_next_token_when_closed(llama_backend: LlamaCppBackend) -> None:
+    j = job("Tell a very long story about the sea, the ships and the sailors.", max_length=1500)
+    stream = llama_backend.stream_chat(j)
+    pieces = 0
+    async for item in stream:
+        assert isinstance(item, ChatDelta)
+        pieces += 1
+        if pieces == 3:
+            break
+    await stream.aclose()
+    # the generation thread lets go of the model at its next token, long before 1500 tokens
+    free = await asyncio.to_thread(llama_backend._mutex.acquire, True, 2.0)
+    assert free, "the generation did not stop"
+    llama_backend._mutex.release()
+
+
+async def test_llamacpp_streamed_tool_job_is_generated_whole(llama_backend: LlamaCppBackend) -> None:
+    j = job("What is the weather in Paris?", tools=[WEATHER], tool_choice="required", max_length=64)
+    items = [item async for item in llama_backend.stream_chat(j)]
+    assert len(items) == 1 and isinstance(items[0], ChatOutput) and items[0].tool_calls
+
+
 # -- through the worker loop ----------------------------------------------------------------------------------------
 
 
@@ -180,6 +220,32 @@ async def test_worker_with_llamacpp(horde: StandInHorde, model_path: Path) -> No
     assert horde.final("tool")["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
     assert horde.final("text")["state"] == "ok" and horde.final("text")["generation"]
     assert all(s["status"] == 200 for s in horde.submits)
+
+
+async def test_worker_streams_progress_with_llamacpp(horde: StandInHorde, model_path: Path) -> None:
+    horde.add(
+        chat_job("stream", "Write two sentences about rain.", **GREEDY, max_length=64, stream_progress=True)
+    )
+    backend = LlamaCppBackend(model_path=str(model_path), n_ctx=2048, n_threads=2)
+    settings = WorkerSettings(
+        horde_url=horde.url,
+        model_id="gemma-3-270m",
+        max_length=256,
+        max_context_length=2048,
+        progress_interval=0.2,
+    )
+    worker = Worker(settings, backend, timings=FAST)
+    task = asyncio.create_task(worker.run())
+    try:
+        ok = await asyncio.to_thread(horde.wait_for, lambda h: h.submits_for("stream"), 240)
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(task, 60)
+    assert ok
+    message = horde.final("stream")["message"]
+    posts = horde.progress_for("stream")
+    assert posts and all(p["status"] == 200 for p in posts)
+    assert horde.streamed("stream") == (message["content"], message.get("reasoning_content") or "")
 
 
 # -- openai backend against llama_cpp.server ------------------------------------------------------------------------
@@ -267,3 +333,20 @@ async def test_worker_with_openai_backend(horde: StandInHorde, llama_server: str
         "fault_reason": "prompt_overflow",
     }
     assert horde.final("text")["generation"]
+
+
+async def test_openai_backend_streams_from_llama_cpp_python(llama_server: str) -> None:
+    backend = OpenAIBackend(llama_server)
+    await backend.start()
+    j = job("Say hello.", max_length=24)
+    deltas: list[ChatDelta] = []
+    out: ChatOutput | None = None
+    async for item in backend.stream_chat(j):
+        if isinstance(item, ChatOutput):
+            out = item
+        else:
+            deltas.append(item)
+    await backend.close()
+    assert out is not None and out.content and len(deltas) >= 1
+    assert "".join(d.content for d in deltas) == out.content
+    assert out.native_finish_reason in ("stop", "length")

@@ -7,6 +7,7 @@ import json
 import pytest
 from horde_worker.jobs import BackendFault, ChatJob, ChatOutput
 from horde_worker.replies import (
+    ThinkSplitter,
     build_chat_fault,
     build_chat_submit,
     check_strict_schema,
@@ -67,6 +68,68 @@ def call(name: str, call_id: str | None = "c1", args: object = "{}") -> dict[str
 )
 def test_split_reasoning(text: str, content: str, reasoning: str | None) -> None:
     assert split_reasoning(text) == (content, reasoning)
+
+
+def split_incrementally(pieces: list[str]) -> tuple[str, str]:
+    """``(reasoning, content)`` released by a :class:`ThinkSplitter` fed ``pieces``, then flushed."""
+    splitter = ThinkSplitter()
+    reasoning, content = [], []
+    for piece in pieces:
+        r, c = splitter.feed(piece)
+        reasoning.append(r)
+        content.append(c)
+    r, c = splitter.flush()
+    return "".join([*reasoning, r]), "".join([*content, c])
+
+
+SPLIT_TEXTS = [
+    "plain answer",
+    "<think>why</think>\n\nanswer",
+    "<think> r \n</think>\n\nanswer",
+    "  <think> a </think>b<think>c</think> d",
+    "a<think>b</think>c<think>d</think>e",
+    "<think>cut off at max_len  ",
+    "answer first <think>then thought",
+    "<think></think>answer",
+    "<think>  </think><think>r</think>x",
+    "<thi not a tag, x < y and </thinking> z <",
+    "<think>a <b> c</think> d </think> e",
+    "<<think>>x</think></think>",
+    "<think>r</think",
+    "   ",
+    "",
+]
+
+
+@pytest.mark.parametrize("text", SPLIT_TEXTS)
+def test_think_splitter_matches_split_reasoning_for_every_cut(text: str) -> None:
+    content, reasoning = split_reasoning(text)
+    expected = (reasoning or "", content or "")
+    # every piece size, so each tag is cut at each of its positions across two deltas
+    for size in range(1, max(2, len(text) + 1)):
+        pieces = [text[i : i + size] for i in range(0, len(text), size)]
+        assert split_incrementally(pieces) == expected, (text, size)
+    # and each single cut point
+    for cut in range(1, len(text)):
+        assert split_incrementally([text[:cut], text[cut:]]) == expected, (text, cut)
+
+
+def test_think_splitter_holds_a_cut_tag_until_it_is_complete() -> None:
+    splitter = ThinkSplitter()
+    assert splitter.feed("Hi <thi") == ("", "Hi ")
+    assert splitter.feed("nk>deep ") == ("deep", "")
+    assert splitter.feed("thought </th") == (" thought", "")
+    assert splitter.feed("ink>\n\nso") == ("", "\n\nso")  # content had started: not stripped
+    assert splitter.feed(" <t") == ("", " ")
+    assert splitter.flush() == ("", "<t")
+    assert split_reasoning("Hi <think>deep thought </think>\n\nso <t") == ("Hi \n\nso <t", "deep thought")
+
+
+def test_think_splitter_orphan_close_tag() -> None:
+    # whole in one delta: the text before a close tag without an opening one is reasoning, as at the submit
+    assert split_incrementally(["implicit open</think>\nanswer"]) == ("implicit open", "answer")
+    # once released as content it stays content (the stream then differs from the submit); nothing is lost
+    assert split_incrementally(["implicit ", "open</think>\nanswer"]) == ("", "implicit open\nanswer")
 
 
 def test_split_reasoning_none() -> None:

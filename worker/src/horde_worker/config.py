@@ -98,6 +98,12 @@ class WorkerSettings(BaseSettings):
         0, ge=0, le=65535, description="Serve /metrics and /healthz on this port; 0 disables"
     )
     metrics_host: str = Field("127.0.0.1", description="Address for the metrics server")
+    progress: bool = Field(
+        True, description="Stream: post progress for chat jobs carrying the stream hint (stream_progress)"
+    )
+    progress_interval: float = Field(
+        1.0, gt=0, description="Seconds between progress posts of a streamed job (deltas merged in between)"
+    )
     shutdown_grace: float = Field(
         30.0, ge=0, description="Seconds a held job may still finish after SIGTERM before it is faulted"
     )

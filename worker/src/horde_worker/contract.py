@@ -1,6 +1,7 @@
 """The chat contract vocabulary the worker speaks, from ``horde_contract`` (spec: chat-requests.md **Chat
-declaration on pop**, **Guarantees**, **Structured submit**, **Worker fault reasons**), so the worker and the
-services apply one vocabulary. Values are plain strings on the wire (every enum is a ``StrEnum``).
+declaration on pop**, **Guarantees**, **Structured submit**, **Worker fault reasons**, **Streaming progress**,
+**Job lease**), so the worker and the services apply one vocabulary. Values are plain strings on the wire
+(every enum is a ``StrEnum``).
 """
 
 from __future__ import annotations
@@ -8,11 +9,14 @@ from __future__ import annotations
 from typing import Final
 
 from horde_contract import (
+    CHAT_STREAM_PROGRESS_KEY,
     MAX_CHAT_NATIVE_FINISH_REASON_LENGTH,
     MAX_CHAT_REPORTED_TOKENS,
     MAX_CHAT_TEXT_BYTES,
     MAX_CHAT_TOOL_CALL_COUNT,
+    RC,
     TEXT_JOB_LEASE_SECONDS,
+    TRUSTED_TEXT_JOB_LEASE_CAP_SECONDS,
     ChatFaultReason,
     ChatFeature,
     ChatFinishReason,
@@ -21,6 +25,7 @@ from horde_contract import (
 )
 
 __all__ = [
+    "CHAT_STREAM_PROGRESS_KEY",
     "FEATURES",
     "FINISH_REASONS",
     "GUARANTEES",
@@ -30,8 +35,14 @@ __all__ = [
     "MAX_REPORTED_TOKENS",
     "MAX_TOOL_CALLS",
     "RC_ABORTED_GEN",
+    "RC_CHAT_JOB_ABORTED",
+    "RC_CHAT_PROGRESS_CAP_REACHED",
+    "RC_CHAT_PROGRESS_NOT_STREAMING",
+    "RC_CHAT_PROGRESS_OUT_OF_SEQUENCE",
+    "RC_CHAT_PROGRESS_UNAVAILABLE",
     "RC_DUPLICATE_GEN",
     "TEXT_JOB_LEASE_SECONDS",
+    "TRUSTED_TEXT_JOB_LEASE_CAP_SECONDS",
     "ChatFaultReason",
     "ChatFeature",
     "ChatFinishReason",
@@ -58,3 +69,10 @@ MAX_MESSAGES_URL_BYTES: Final = 36 * 1024 * 1024
 #: Return codes the worker reacts to (the Horde error envelope ``{"message", "rc"}``).
 RC_ABORTED_GEN: Final = "AbortedGen"
 RC_DUPLICATE_GEN: Final = "DuplicateGen"
+
+#: Return codes of the progress route (spec: **Streaming progress**).
+RC_CHAT_JOB_ABORTED: Final = str(RC.ChatJobAborted.value)
+RC_CHAT_PROGRESS_NOT_STREAMING: Final = str(RC.ChatProgressNotStreaming.value)
+RC_CHAT_PROGRESS_OUT_OF_SEQUENCE: Final = str(RC.ChatProgressOutOfSequence.value)
+RC_CHAT_PROGRESS_CAP_REACHED: Final = str(RC.ChatProgressCapReached.value)
+RC_CHAT_PROGRESS_UNAVAILABLE: Final = str(RC.ChatProgressUnavailable.value)

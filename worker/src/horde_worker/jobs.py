@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from horde_worker.contract import CHAT_STREAM_PROGRESS_KEY
+
 
 class BackendFault(Exception):
     """A backend could not produce a reply for a job.
@@ -21,6 +23,16 @@ class BackendFault(Exception):
 
     def __init__(self, reason: str | None, message: str = "") -> None:
         super().__init__(message or (reason or "fault"))
+        self.reason = reason
+
+
+class JobCancelled(Exception):
+    """The horde told the worker to stop a streamed job (progress answered ``cancelled: true`` or 404
+    ``ChatJobAborted``): the generation is aborted and the job is not submitted (spec: **Streaming progress**).
+    ``reason`` is ``cancelled`` or ``aborted``."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
         self.reason = reason
 
 
@@ -40,7 +52,8 @@ class ChatJob:
     ``response_format`` are present only when the request applies them (already narrowed by dispatch: a forced
     function arrives as that one tool with ``tool_choice`` ``"required"``). Sampling fields are always present in
     a real payload; the defaults here are the spec's. ``max_length`` is in tokens, ``max_context_length`` is the
-    request's context budget in tokens.
+    request's context budget in tokens. ``stream_progress`` is the stream hint (``stream_progress: true`` in the
+    payload): the worker may post progress for this job (spec: **Streaming progress**).
     """
 
     id: str
@@ -64,6 +77,7 @@ class ChatJob:
     seed: int | None = None
     reasoning_effort: str | None = None
     messages_url: str | None = None
+    stream_progress: bool = False
     payload: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -96,6 +110,7 @@ class ChatJob:
             stop=_stop_list(payload.get("stop_sequence")),
             seed=payload.get("seed") if isinstance(payload.get("seed"), int) else None,
             reasoning_effort=payload.get("reasoning_effort"),
+            stream_progress=payload.get(CHAT_STREAM_PROGRESS_KEY) is True,
             payload=payload,
         )
 
@@ -224,3 +239,13 @@ class ChatOutput:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     reasoning_tokens: int | None = None
+
+
+@dataclass
+class ChatDelta:
+    """A piece of a chat reply as a streaming backend produces it: ``content`` (which may still hold
+    ``<think>`` tags, split by the worker) and ``reasoning`` the backend already separated. Either may be
+    empty."""
+
+    content: str = ""
+    reasoning: str = ""

@@ -22,7 +22,12 @@ class WorkerMetrics:
 
     - ``horde_worker_pops_total{outcome}``: pops by outcome ``job``, ``empty``, ``error``;
     - ``horde_worker_jobs_total{kind, outcome}``: jobs (``chat``/``text``) by how they ended: ``submitted``,
-      ``faulted``, ``dropped`` (404/AbortedGen/gave up), ``refused`` (400 on the reply, then faulted);
+      ``faulted``, ``dropped`` (404/AbortedGen/gave up), ``refused`` (400 on the reply, then faulted),
+      ``cancelled`` (a streamed job the horde stopped: generation aborted, nothing submitted);
+    - ``horde_worker_progress_posts_total{outcome}``: progress posts of streamed jobs by answer: ``accepted``,
+      ``cancelled`` (200 with ``cancelled: true``), ``aborted`` (404 ChatJobAborted), ``not_streaming`` (other
+      404), ``out_of_sequence`` (409), ``cap_reached`` (413), ``forbidden`` (403), ``refused`` (other 4xx),
+      ``unavailable`` (503), ``error`` (no answer, 5xx or 429: resent unchanged);
     - ``horde_worker_faults_total{reason}``: fault submits by fault reason (``none`` without one);
     - ``horde_worker_submit_attempts_total{status}``: submit HTTP answers by status (``error``: no answer);
     - ``horde_worker_generation_seconds{kind}``: backend time per job;
@@ -44,6 +49,9 @@ class WorkerMetrics:
             ["kind"],
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 180),
             registry=r,
+        )
+        self.progress_posts = Counter(
+            "horde_worker_progress_posts", "Progress posts by answer", ["outcome"], registry=r
         )
         self.in_flight = Gauge("horde_worker_jobs_in_flight", "Jobs held now", registry=r)
 

@@ -69,6 +69,140 @@ def split_reasoning(text: str | None) -> tuple[str | None, str | None]:
     return "".join(content).lstrip(), reasoning
 
 
+def _partial_tag_length(text: str, tags: tuple[str, ...]) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of one of ``tags`` (a tag that may be
+    completed by the next delta)."""
+    best = 0
+    for tag in tags:
+        for n in range(min(len(tag) - 1, len(text)), best, -1):
+            if text.endswith(tag[:n]):
+                best = n
+                break
+    return best
+
+
+class ThinkSplitter:
+    """:func:`split_reasoning` applied incrementally, for streamed deltas.
+
+    :meth:`feed` takes the next piece of generated text and returns the ``(reasoning, content)`` text it
+    releases; :meth:`flush` releases what is held at the end. A tag cut across pieces is held until it is
+    complete, as is whitespace whose fate depends on what follows (a block's trailing whitespace, and leading
+    content whitespace that a later block strips). The released pieces concatenated equal what
+    :func:`split_reasoning` returns for the whole text (``reasoning`` ``None`` as ``""``), except in two cases
+    that cannot be known in advance: a close tag with no opening tag before it (the text before it, already
+    released as content, is reasoning for :func:`split_reasoning`), and content that starts with whitespace
+    and is followed by a block later (:func:`split_reasoning` strips that whitespace).
+    """
+
+    def __init__(self) -> None:
+        self._buf = ""  # text not released yet: at most a partial tag
+        self._in_block = False
+        self._tag_seen = False  # a block (or an orphan close tag) was found: content is left-stripped
+        self._content_started = False  # non-whitespace content was released
+        self._held_space = ""  # leading content whitespace, released once content starts (no block yet)
+        self._block_text = False  # the current block released text
+        self._any_reasoning = False  # some block released text (the next one is joined by a blank line)
+        self._block_space = ""  # whitespace inside a block, released once more block text follows
+
+    def feed(self, text: str) -> tuple[str, str]:
+        """Take ``text``; return the ``(reasoning, content)`` it releases (either may be empty)."""
+        reasoning: list[str] = []
+        content: list[str] = []
+        self._buf += text
+        self._scan(reasoning, content, final=False)
+        return "".join(reasoning), "".join(content)
+
+    def flush(self) -> tuple[str, str]:
+        """Release what is held at the end of the text (a partial tag is plain text then)."""
+        reasoning: list[str] = []
+        content: list[str] = []
+        self._scan(reasoning, content, final=True)
+        if not self._content_started and not self._tag_seen and self._held_space:
+            content.append(self._held_space)  # whitespace-only content without a block is kept as is
+        self._held_space = ""
+        return "".join(reasoning), "".join(content)
+
+    def _scan(self, reasoning: list[str], content: list[str], final: bool) -> None:
+        while self._buf:
+            if self._in_block:
+                end = self._buf.find(THINK_CLOSE)
+                if end == -1:
+                    keep = 0 if final else _partial_tag_length(self._buf, (THINK_CLOSE,))
+                    self._reason(self._buf[: len(self._buf) - keep], reasoning)
+                    self._buf = self._buf[len(self._buf) - keep :]
+                    return
+                self._reason(self._buf[:end], reasoning)
+                self._buf = self._buf[end + len(THINK_CLOSE) :]
+                self._end_block()
+                continue
+            start = self._buf.find(THINK_OPEN)
+            # only the first tag of the text may be a close tag without an opening one (split_reasoning)
+            close = -1 if self._tag_seen else self._buf.find(THINK_CLOSE)
+            if close != -1 and (start == -1 or close < start):
+                before = self._buf[:close]
+                self._buf = self._buf[close + len(THINK_CLOSE) :]
+                if not self._content_started:  # nothing released as content yet: it is reasoning
+                    self._held_space = ""
+                    self._reason(before, reasoning)
+                    self._end_block()
+                else:  # already released as content: keep it so (the stream diverges from the submit)
+                    content.append(before)
+                self._tag_seen = True
+                continue
+            if start == -1:
+                tags = (THINK_OPEN,) if self._tag_seen else (THINK_OPEN, THINK_CLOSE)
+                keep = 0 if final else _partial_tag_length(self._buf, tags)
+                self._content(self._buf[: len(self._buf) - keep], content)
+                self._buf = self._buf[len(self._buf) - keep :]
+                return
+            self._content(self._buf[:start], content)
+            self._buf = self._buf[start + len(THINK_OPEN) :]
+            self._tag_seen = True
+            # split_reasoning strips the content's leading whitespace once a block exists
+            self._held_space = ""
+            self._in_block = True
+
+    def _content(self, text: str, out: list[str]) -> None:
+        if not text:
+            return
+        if self._content_started:
+            out.append(text)
+            return
+        stripped = text.lstrip()
+        if not stripped:
+            if not self._tag_seen:
+                self._held_space += text
+            return
+        if not self._tag_seen:
+            out.append(self._held_space + text)
+        else:
+            out.append(stripped)
+        self._held_space = ""
+        self._content_started = True
+
+    def _reason(self, text: str, out: list[str]) -> None:
+        if not text:
+            return
+        if not self._block_text:
+            text = text.lstrip()
+            if not text:
+                return
+            if self._any_reasoning:
+                out.append("\n\n")
+            self._block_text = True
+            self._any_reasoning = True
+        text = self._block_space + text
+        body = text.rstrip()
+        self._block_space = text[len(body) :]
+        if body:
+            out.append(body)
+
+    def _end_block(self) -> None:
+        self._in_block = False
+        self._block_text = False
+        self._block_space = ""
+
+
 def map_finish_reason(native: str | None, has_tool_calls: bool) -> str:
     """Map a backend's finish reason to the submit's ``stop``/``length``/``content_filter``/``tool_calls``.
 

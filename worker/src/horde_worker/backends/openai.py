@@ -19,8 +19,17 @@ Facts and quirks: worker-side.md §3 and §4. The server's *flavor* is detected 
   ``"required"`` with one tool is sent as ``{"type": "function", "function": {"name": …}}``.
 - ``generic``: standard fields only; declares the sampler features and nothing it cannot verify.
 
+Streaming (:meth:`OpenAIBackend.stream_chat`, for jobs carrying the stream hint): the request is sent with
+``stream: true`` (and ``stream_options.include_usage`` except to koboldcpp), the SSE ``data:`` events are
+parsed by :class:`ChatStreamAccumulator` (``delta.content``, ``delta.reasoning_content``/``delta.reasoning``,
+tool call fragments accumulated by index, ``finish_reason``, ``usage`` from the last chunk) and each text piece
+is yielded as it arrives. Closing the stream (the job cancelled, its lease lapsed) closes the HTTP response,
+which drops the connection and makes the server stop generating. A server that answers a streamed request
+with a plain JSON body is read as a whole reply.
+
 The mapping functions (:func:`build_chat_request`, :func:`parse_chat_response`, :func:`fault_for_error`,
-:func:`capabilities_for`, …) are pure and unit-tested; :class:`OpenAIBackend` does the HTTP.
+:func:`capabilities_for`, :class:`ChatStreamAccumulator`, …) are pure and unit-tested; :class:`OpenAIBackend`
+does the HTTP.
 """
 
 from __future__ import annotations
@@ -29,6 +38,8 @@ import asyncio
 import json
 import logging
 import re
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
@@ -38,7 +49,7 @@ import httpx
 from horde_worker.backends.base import Backend
 from horde_worker.contract import TEXT_JOB_LEASE_SECONDS, ChatFaultReason, ChatFeature, ChatGuarantee
 from horde_worker.declaration import Capabilities
-from horde_worker.jobs import BackendFault, ChatJob, ChatOutput, TextJob, message_text
+from horde_worker.jobs import BackendFault, ChatDelta, ChatJob, ChatOutput, TextJob, message_text
 
 log = logging.getLogger(__name__)
 
@@ -181,11 +192,13 @@ def map_tool_choice(flavor: str, job: ChatJob) -> Any:
     return choice
 
 
-def build_chat_request(flavor: str, job: ChatJob, model: str | None) -> dict[str, Any]:
-    """The ``POST /v1/chat/completions`` body for a job (non-streaming).
+def build_chat_request(flavor: str, job: ChatJob, model: str | None, stream: bool = False) -> dict[str, Any]:
+    """The ``POST /v1/chat/completions`` body for a job.
 
     Carries every sampler the payload holds, mapped to the server's names (``repeat_penalty`` for llama.cpp,
     ``repetition_penalty`` for vLLM, ``rep_pen`` for koboldcpp); ``max_tokens`` is the job's ``max_length``.
+    With ``stream``, ``stream: true`` and, except for koboldcpp, ``stream_options: {include_usage: true}`` (so
+    the last chunk carries the counts; llama-cpp-python ignores it).
     """
     body: dict[str, Any] = {
         "model": model or "default",
@@ -194,8 +207,10 @@ def build_chat_request(flavor: str, job: ChatJob, model: str | None) -> dict[str
         "temperature": job.temperature,
         "top_p": job.top_p,
         "presence_penalty": job.presence_penalty,
-        "stream": False,
+        "stream": stream,
     }
+    if stream and flavor != KOBOLDCPP:
+        body["stream_options"] = {"include_usage": True}
     if flavor != KOBOLDCPP:
         body["frequency_penalty"] = job.frequency_penalty
     if flavor in (LLAMA_SERVER, LLAMA_CPP_PYTHON):
@@ -255,6 +270,167 @@ def parse_chat_response(data: dict[str, Any]) -> ChatOutput:
         completion_tokens=_int_or_none(usage.get("completion_tokens")),
         reasoning_tokens=_int_or_none(details.get("reasoning_tokens")) if isinstance(details, dict) else None,
     )
+
+
+class ChatStreamAccumulator:
+    """Reads the ``chat.completion.chunk`` events of a streamed reply and builds the same
+    :class:`ChatOutput` :func:`parse_chat_response` builds from a whole one.
+
+    :meth:`feed` takes one decoded event and returns the text it carries as a :class:`ChatDelta` (``None``
+    without text). Tool call fragments are accumulated by ``index`` (a fragment without one continues the
+    call with its ``id``, or the last call): the name is taken from the first fragment that has one, the
+    arguments are concatenated. ``usage`` is read from whichever chunk carries it (the last one, with
+    ``stream_options.include_usage``). :meth:`output` raises :class:`BackendFault` ``generation_error`` when the
+    stream carried no choice.
+    """
+
+    def __init__(self) -> None:
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.finish_reason: str | None = None
+        self.usage: dict[str, Any] = {}
+        self.chunks = 0
+        self.saw_choice = False
+
+    def feed(self, event: dict[str, Any]) -> ChatDelta | None:
+        self.chunks += 1
+        error = event.get("error")
+        if error:
+            raise stream_error_fault(error)
+        usage = event.get("usage")
+        if isinstance(usage, dict):
+            self.usage = usage
+        choices = event.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            return None
+        self.saw_choice = True
+        choice = choices[0]
+        delta = choice.get("delta")
+        if not isinstance(delta, dict):
+            delta = {}
+        if choice.get("finish_reason"):
+            self.finish_reason = str(choice["finish_reason"])
+        content = delta.get("content")
+        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+        for fragment in delta.get("tool_calls") or []:
+            if isinstance(fragment, dict):
+                self._add_call(fragment)
+        out = ChatDelta(
+            content=content if isinstance(content, str) else "",
+            reasoning=reasoning if isinstance(reasoning, str) else "",
+        )
+        if out.content:
+            self.content.append(out.content)
+        if out.reasoning:
+            self.reasoning.append(out.reasoning)
+        return out if out.content or out.reasoning else None
+
+    def _add_call(self, fragment: dict[str, Any]) -> None:
+        index = fragment.get("index")
+        call_id = fragment.get("id")
+        if not isinstance(index, int) or isinstance(index, bool):
+            known = [i for i, c in self.calls.items() if call_id and c["id"] == call_id]
+            if known:
+                index = known[0]
+            elif call_id or not self.calls:
+                index = max(self.calls, default=-1) + 1
+            else:
+                index = max(self.calls)
+        call = self.calls.setdefault(index, {"id": None, "type": "function", "name": None, "arguments": []})
+        if isinstance(call_id, str) and call_id and not call["id"]:
+            call["id"] = call_id
+        fn = fragment.get("function")
+        if not isinstance(fn, dict):
+            return
+        name = fn.get("name")
+        if isinstance(name, str) and name and not call["name"]:
+            call["name"] = name
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            call["arguments"].append(args)
+        elif args is not None:
+            call["arguments"].append(json.dumps(args, ensure_ascii=False, separators=(",", ":")))
+
+    def tool_calls(self) -> list[dict[str, Any]]:
+        """The accumulated calls in index order, OpenAI-shaped (``arguments`` a string)."""
+        calls = []
+        for index in sorted(self.calls):
+            c = self.calls[index]
+            call: dict[str, Any] = {
+                "type": "function",
+                "function": {"name": c["name"], "arguments": "".join(c["arguments"])},
+            }
+            if c["id"]:
+                call["id"] = c["id"]
+            calls.append(call)
+        return calls
+
+    def output(self) -> ChatOutput:
+        if not self.saw_choice:
+            raise BackendFault(ChatFaultReason.generation_error.value, "stream without choices")
+        calls = self.tool_calls()
+        content = "".join(self.content) if self.content or not calls else None
+        details = self.usage.get("completion_tokens_details") or {}
+        return ChatOutput(
+            content=content,
+            tool_calls=calls,
+            reasoning="".join(self.reasoning) or None,
+            native_finish_reason=self.finish_reason,
+            prompt_tokens=_int_or_none(self.usage.get("prompt_tokens")),
+            completion_tokens=_int_or_none(self.usage.get("completion_tokens")),
+            reasoning_tokens=_int_or_none(details.get("reasoning_tokens"))
+            if isinstance(details, dict)
+            else None,
+        )
+
+
+#: The data of the event that ends an OpenAI stream.
+SSE_DONE = "[DONE]"
+
+
+async def iter_sse(lines: AsyncIterator[str]) -> AsyncGenerator[str, None]:
+    """The data of each server-sent event in ``lines`` (multi-line data joined by newlines); an ``error:``
+    line (llama-server's older in-stream errors) is passed on as ``{"error": ...}``. The ``[DONE]`` event is
+    yielded as :data:`SSE_DONE`, and nothing after it."""
+    data: list[str] = []
+    async for raw in lines:
+        line = raw.rstrip("\r")
+        if not line:
+            if data:
+                event = "\n".join(data)
+                data.clear()
+                if event.strip() == SSE_DONE:
+                    yield SSE_DONE
+                    return
+                yield event
+            continue
+        if line.startswith(":"):
+            continue
+        field, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if field == "data":
+            data.append(value)
+        elif field == "error":
+            yield json.dumps({"error": _loads_or_text(value)})
+    if data:
+        event = "\n".join(data)
+        yield SSE_DONE if event.strip() == SSE_DONE else event
+
+
+def _loads_or_text(value: str) -> Any:
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
+def stream_error_fault(error: Any) -> BackendFault:
+    """The fault for an error event inside a stream (mapped as :func:`fault_for_error` maps an answer)."""
+    code = error.get("code") if isinstance(error, dict) else None
+    status = code if isinstance(code, int) and 400 <= code < 600 else 500
+    text = json.dumps(error) if not isinstance(error, str) else error
+    return fault_for_error(status, text)
 
 
 _OVERFLOW = re.compile(
@@ -480,18 +656,98 @@ class OpenAIBackend(Backend):
         assert last is not None
         raise last
 
-    async def generate_chat(self, job: ChatJob) -> ChatOutput:
-        """Count the prompt where possible (``prompt_overflow`` before generating), then ask the server."""
+    async def _check_prompt(self, job: ChatJob) -> None:
         count = await self.count_prompt_tokens(job)
         if count is not None and count > job.max_context_length - job.max_length:
             raise BackendFault(
                 ChatFaultReason.prompt_overflow.value,
                 f"{count} prompt tokens do not fit {job.max_context_length} - {job.max_length}",
             )
+
+    async def generate_chat(self, job: ChatJob) -> ChatOutput:
+        """Count the prompt where possible (``prompt_overflow`` before generating), then ask the server."""
+        await self._check_prompt(job)
         data = await self._post_generation(
             "/v1/chat/completions", build_chat_request(self.flavor, job, self.model)
         )
         return parse_chat_response(data)
+
+    @asynccontextmanager
+    async def _open_stream(self, path: str, body: dict[str, Any]) -> AsyncGenerator[httpx.Response, None]:
+        """POST a streamed request and yield the open 200 response (closed on exit, which aborts the
+        generation). Retried like :meth:`_post_generation` until the server answers 200."""
+        last: BackendFault | None = None
+        for attempt in range(self.retries):
+            request = self.client.build_request("POST", self.root + path, json=body)
+            try:
+                resp = await self.client.send(request, stream=True)
+            except httpx.HTTPError as exc:
+                last = BackendFault(ChatFaultReason.generation_error.value, f"backend unreachable: {exc!r}")
+            else:
+                if resp.status_code == 200:
+                    try:
+                        yield resp
+                    finally:
+                        await resp.aclose()
+                    return
+                try:
+                    text = (await resp.aread()).decode("utf-8", "replace")
+                except httpx.HTTPError:
+                    text = ""
+                finally:
+                    await resp.aclose()
+                if resp.status_code in (502, 503, 504):
+                    last = BackendFault(
+                        ChatFaultReason.generation_error.value, f"backend busy {resp.status_code}"
+                    )
+                else:
+                    raise fault_for_error(resp.status_code, text)
+            if attempt + 1 < self.retries:
+                await asyncio.sleep(self.retry_delay)
+        assert last is not None
+        raise last
+
+    async def stream_chat(self, job: ChatJob) -> AsyncGenerator[ChatDelta | ChatOutput, None]:
+        """Count the prompt as :meth:`generate_chat` does, then stream the reply (module docstring)."""
+        await self._check_prompt(job)
+        body = build_chat_request(self.flavor, job, self.model, stream=True)
+        acc = ChatStreamAccumulator()
+        async with self._open_stream("/v1/chat/completions", body) as resp:
+            if "text/event-stream" not in resp.headers.get("content-type", ""):
+                try:
+                    data = json.loads(await resp.aread())
+                except (ValueError, httpx.HTTPError) as exc:
+                    raise BackendFault(
+                        ChatFaultReason.generation_error.value,
+                        f"backend answered neither SSE nor JSON: {exc!r}",
+                    ) from None
+                if not isinstance(data, dict):
+                    raise BackendFault(ChatFaultReason.generation_error.value, "backend answered non-JSON")
+                yield parse_chat_response(data)
+                return
+            done = False
+            try:
+                async for event in iter_sse(resp.aiter_lines()):
+                    if event == SSE_DONE:
+                        done = True
+                        break
+                    try:
+                        chunk = json.loads(event)
+                    except ValueError:
+                        log.warning("openai backend: skipped a stream event that is not JSON: %.200s", event)
+                        continue
+                    if not isinstance(chunk, dict):
+                        continue
+                    delta = acc.feed(chunk)
+                    if delta is not None:
+                        yield delta
+            except httpx.HTTPError as exc:
+                raise BackendFault(
+                    ChatFaultReason.generation_error.value, f"backend stream broke: {exc!r}"
+                ) from None
+        if not done and acc.finish_reason is None:  # neither [DONE] nor a finish: the server broke off
+            raise BackendFault(ChatFaultReason.generation_error.value, "backend stream ended early")
+        yield acc.output()
 
     async def generate_text(self, job: TextJob, max_length: int) -> str:
         """``POST /v1/completions`` with the job's prompt; returns ``choices[0].text``."""

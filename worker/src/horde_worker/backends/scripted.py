@@ -16,6 +16,10 @@ built from its schema instead. Markers (``[[name]]`` or ``[[name:arg]]``, remove
 ``[[json]]`` / ``[[json:bad]]``  JSON built from the response schema / text that is not JSON
 ``[[nousage]]``                report no token counts
 ``[[sleep:SECONDS]]``          wait before replying (lease and shutdown tests)
+``[[pace:SECONDS]]``           spread the reply over SECONDS: streamed word by word at an even pace (the
+                               ``<think>`` block first with ``[[think]]``), or returned after SECONDS
+``[[words:N]]``                append N deterministic words to the reply (long streamed replies)
+``[[random]]``                 start the reply with a random word (a restarted attempt replies differently)
 ``[[fault:REASON]]``           fail: ``prompt_overflow``, ``unbuildable_grammar``, ``generation_error`` raise
                                that fault; ``tool_violation`` calls an unknown tool, which the worker's
                                check faults; ``reply_refused`` sends reasoning over the 1 MiB cap, which the
@@ -26,6 +30,10 @@ built from its schema instead. Markers (``[[name]]`` or ``[[name:arg]]``, remove
 Token counts are whitespace-separated words: prompt words over every message, completion words of the
 reply. A prompt whose words exceed ``max_context_length - max_length`` is faulted ``prompt_overflow``, so the
 backend "counts" before generating like a real one. Legacy text jobs read the same markers from the prompt.
+
+Streaming (:meth:`ScriptedBackend.stream_chat`) yields the reply's text as it is submitted before the worker's
+split, ``<think>`` tags included, in word-sized pieces (each word with the whitespace before it), then the
+whole output; a tool call reply is not streamed. Cancelling the consumer interrupts the pace at once.
 """
 
 from __future__ import annotations
@@ -33,17 +41,25 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import secrets
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
 from horde_worker.backends.base import Backend
 from horde_worker.contract import FEATURES, GUARANTEES, MAX_CHAT_TEXT_BYTES, ChatFaultReason, ChatFeature
 from horde_worker.declaration import Capabilities
-from horde_worker.jobs import BackendFault, ChatJob, ChatOutput, TextJob, message_text
+from horde_worker.jobs import BackendFault, ChatDelta, ChatJob, ChatOutput, TextJob, message_text
 from horde_worker.schema_sample import sample_value
 
 MARKER = re.compile(r"\[\[(\w+)(?::(.*?))?\]\]", re.DOTALL)
 GREETING = "Hello from the scripted backend:"
+#: The vocabulary ``[[words:N]]`` cycles through.
+FILLER = (
+    "alpha bravo charlie delta echo foxtrot golf hotel india juliett kilo lima mike november oscar papa "
+    "quebec romeo sierra tango uniform victor whiskey xray yankee zulu"
+).split()
+PIECE = re.compile(r"\s*\S+")
 
 
 @dataclass
@@ -63,6 +79,28 @@ def parse_markers(text: str) -> tuple[list[Marker], str]:
 
 def _words(text: str) -> int:
     return len(text.split())
+
+
+def filler_words(count: int) -> str:
+    """``count`` deterministic words: the NATO alphabet, cycled."""
+    return " ".join(FILLER[i % len(FILLER)] for i in range(max(0, count)))
+
+
+def stream_pieces(text: str) -> list[str]:
+    """``text`` cut into word-sized pieces (each word with the whitespace before it; trailing whitespace is a
+    last piece), which concatenate back to ``text``."""
+    pieces = PIECE.findall(text)
+    rest = text[sum(len(p) for p in pieces) :]
+    if rest:
+        pieces.append(rest)
+    return pieces
+
+
+def _seconds(value: str | None) -> float:
+    try:
+        return max(0.0, float(value or 0))
+    except ValueError:
+        return 0.0
 
 
 class ScriptedBackend(Backend):
@@ -103,6 +141,27 @@ class ScriptedBackend(Backend):
 
     async def generate_chat(self, job: ChatJob) -> ChatOutput:
         """Reply as the markers of the last user message say (module docstring)."""
+        out, pace = await self._reply(job)
+        if pace:
+            await asyncio.sleep(pace)
+        return out
+
+    async def stream_chat(self, job: ChatJob) -> AsyncGenerator[ChatDelta | ChatOutput, None]:
+        """Yield the reply's content (``<think>`` tags included) word by word, ``[[pace]]`` spreading the
+        pieces evenly, then the output (module docstring)."""
+        out, pace = await self._reply(job)
+        pieces = stream_pieces(out.content or "")
+        step = pace / len(pieces) if pieces else pace
+        for piece in pieces:
+            if step:
+                await asyncio.sleep(step)
+            yield ChatDelta(content=piece)
+        if not pieces and pace:
+            await asyncio.sleep(pace)
+        yield out
+
+    async def _reply(self, job: ChatJob) -> tuple[ChatOutput, float]:
+        """The output for a chat job and the ``[[pace]]`` seconds (0 without the marker)."""
         markers, echo = parse_markers(job.last_user_text)
         names = {m.name: m.arg for m in markers}
         await self._common(markers, names)
@@ -139,6 +198,10 @@ class ScriptedBackend(Backend):
                 content = self._json_reply(job)
             else:
                 content = f"{GREETING} {echo}".rstrip()
+                if "words" in names:
+                    content = f"{content} {filler_words(int(_seconds(names['words'])))}".rstrip()
+                if "random" in names:
+                    content = f"{secrets.token_hex(4)} {content}"
                 words = content.split()
                 if len(words) > job.max_length:
                     content, native = " ".join(words[: job.max_length]), "length"
@@ -167,13 +230,15 @@ class ScriptedBackend(Backend):
             )
             if reasoning_text is not None:
                 out.reasoning_tokens = _words(reasoning_text)
-        return out
+        return out, _seconds(names.get("pace"))
 
     async def generate_text(self, job: TextJob, max_length: int) -> str:
         """Echo the prompt's last line after the greeting, cut to ``max_length`` words."""
         markers, _ = parse_markers(job.prompt)
         names = {m.name: m.arg for m in markers}
         await self._common(markers, names)
+        if "pace" in names:
+            await asyncio.sleep(_seconds(names["pace"]))
         if "reply" in names:
             return names["reply"] or ""
         lines = [parse_markers(ln)[1] for ln in job.prompt.splitlines()]
@@ -184,7 +249,7 @@ class ScriptedBackend(Backend):
 
     async def _common(self, markers: list[Marker], names: dict[str, str | None]) -> None:
         if "sleep" in names:
-            await asyncio.sleep(float(names["sleep"] or 0))
+            await asyncio.sleep(_seconds(names["sleep"]))
         fault = names.get("fault")
         if fault in (
             ChatFaultReason.prompt_overflow.value,
