@@ -72,3 +72,24 @@ def test_strict_json_schema_reply_validates(llm_stack: Stack) -> None:
     content = completion.choices[0].message.content
     assert content is not None
     jsonschema.validate(json.loads(content), COLOUR_SCHEMA)
+
+
+def test_the_model_streams_through_the_front_in_many_chunks(llm_stack: Stack) -> None:
+    """Issue 7: the llamacpp worker streams progress and the front relays it as it is generated."""
+    chunks = list(
+        client(llm_stack).chat.completions.create(  # type: ignore[call-overload]
+            model=MODEL,
+            messages=[{"role": "user", "content": "Write three sentences about the sea."}],
+            max_tokens=96,
+            temperature=0,
+            seed=7,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    content = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(content) >= 5, chunks
+    text = "".join(content)
+    assert text.strip() and "scripted backend" not in text
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+    assert len({c.system_fingerprint for c in chunks}) == 1

@@ -142,9 +142,18 @@ async def test_relay_records_save_load_attach_and_history(redis_url):
         assert found == {"key": "k" * 64, "body": "b" * 64, "submitted_at": "1234.5", "attach": "1"}
         assert 0 < await client.ttl("horde:oai:relay:rec") <= 60
         assert await records.attach("rec") == 2
-        assert await records.attachments("rec") == 2
         assert await records.load("missing") is None
-        assert await records.attachments("missing") is None
+        assert await records.attach("missing") is None
+        # A drop by the connection that attached second: nobody attached since, so the record closes and no
+        # resume can attach any more.
+        assert await records.close_unless_attached("rec", 2) is False
+        assert (await records.load("rec") or {})["closed"] == "1"
+        assert await records.attach("rec") is None
+        # A drop that a resume overtook: the record stays open.
+        await records.save("rec2", "k", "b", 1.0)
+        assert await records.attach("rec2") == 2
+        assert await records.close_unless_attached("rec2", 1) is True
+        assert "closed" not in (await records.load("rec2") or {})
         await client.delete(progress_stream_key("rec"))
         await client.xadd(progress_stream_key("rec"), {"gen": "g", "seq": 1, "content": "hi"})
         assert [e.content for e in await records.history("rec")] == ["hi"]

@@ -354,11 +354,12 @@ async def chat_completions(request: Request) -> Response:
         relayed = streamed and relays_deltas(screened) and state.deltas.enabled
         native_body = build_native_body(screened, new_operation_key(), stream_hint=relayed)
         apply_contract_rules(native_body)
-        resume_at = resume_point(request) if relayed else None
+        resume_at = resume_point(request) if streamed else None
         if resume_at is not None:
             resumed = await state.relay_records.load(resume_at.request_id)
             if (
                 resumed is None
+                or resumed.get("closed") == "1"
                 or resumed.get("key") != key_digest(apikey)
                 or resumed.get("body") != request_digest(native_body)
             ):
@@ -604,7 +605,9 @@ async def _relayed_stream(
                     timeout = min(timeout, next_due - time.time())
                 if getter is None:
                     getter = asyncio.create_task(feed.batches.get())
-                done, _ = await asyncio.wait({getter, wait_task}, timeout=max(0.0, timeout))
+                done, _ = await asyncio.wait(
+                    {getter, wait_task}, timeout=max(0.0, timeout), return_when=asyncio.FIRST_COMPLETED
+                )
                 if getter in done:
                     head, getter = getter.result(), None
                 elif not done and time.monotonic() - last_sent >= keepalive:
@@ -645,11 +648,15 @@ async def _relayed_stream(
             if record.first_content is not None:
                 STREAM_FIRST_CONTENT.labels(relayed="true").observe(max(0.0, record.first_content - record.started))
             if not finished:
-                # The client went away mid-stream: drop pending pieces; cancel unless it resumes in time.
+                # The client went away mid-stream: drop pending pieces; cancel unless it resumes in time (a
+                # client that received no event id cannot resume, so its request is cancelled at once).
                 relay.drop()
+                STREAM_RELAYS.labels(outcome="dropped").inc()
                 if not wait_task.done():
                     wait_task.cancel()
-                    _cancel_unless_resumed(state, request_id, record.submitted_at or time.time(), attach)
+                    _cancel_unless_resumed(
+                        state, request_id, record.submitted_at or time.time(), attach if relay.exposed else None
+                    )
                 record.status, record.code = 499, "client_disconnected"
                 record.finish()
 
@@ -665,8 +672,7 @@ def _cancel_unless_resumed(state: Any, request_id: str, submitted_at: float, att
         return
 
     async def resumed() -> bool:
-        now = await state.relay_records.attachments(request_id)
-        return now is not None and now > attach
+        return bool(await state.relay_records.close_unless_attached(request_id, attach))
 
     state.cancels.cancel_later(request_id, submitted_at, grace, resumed)
 
@@ -695,6 +701,11 @@ async def _resume(
 
         return StreamingResponse(done(), media_type="text/event-stream", headers=SSE_HEADERS)
     attach = await state.relay_records.attach(at.request_id)
+    if attach is None:
+        # Closed meanwhile: the drop's grace ended and the request was cancelled.
+        error = stream_not_resumable()
+        record_refusal(error, record.started, True)
+        return error.response()
     waiter = new_waiter(state, at.request_id, record.submitted_at, body)
     record.trace = waiter.trace
     prompt_estimate = estimate_prompt_tokens(body.get("messages") or [], body.get("tools"))

@@ -156,6 +156,21 @@ RELAY_RECORD_PREFIX = "horde:oai:relay:"
 RELAY_RECORD_TTL_SECONDS = 900
 
 
+# KEYS[1]: the record. A closed or missing record refuses the attach (nil); else the new attach count.
+ATTACH_SCRIPT = """
+if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('HGET', KEYS[1], 'closed') == '1' then return nil end
+return redis.call('HINCRBY', KEYS[1], 'attach', 1)
+"""
+# KEYS[1]: the record; ARGV[1]: the attach count of the connection that dropped. 1 when another connection
+# attached since (resumed); else the record is closed and 0 is returned.
+CLOSE_SCRIPT = """
+local attached = tonumber(redis.call('HGET', KEYS[1], 'attach') or '0')
+if attached > tonumber(ARGV[1]) then return 1 end
+if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], 'closed', '1') end
+return 0
+"""
+
+
 def relay_record_key(request_id: str) -> str:
     """``horde:oai:relay:<request id>``: who may resume a relayed stream, on the stream database."""
     return f"{RELAY_RECORD_PREFIX}{request_id}"
@@ -198,24 +213,29 @@ class RelayRecords:
         return {str(k): str(v) for k, v in raw.items()} or None
 
     async def attach(self, request_id: str) -> int | None:
-        """Count one more attached connection; returns the new count (None on failure)."""
+        """Count one more attached connection and return the new count; None when the stream was closed
+        (its request cancelled after a drop), the record is gone, or Redis fails."""
         if self.client is None:
             return None
         try:
-            return int(await self.client.hincrby(relay_record_key(request_id), "attach", 1))
+            found = await self.client.eval(ATTACH_SCRIPT, 1, relay_record_key(request_id))
         except Exception:
             log.warning("relay record attach failed", extra={"request_id": request_id}, exc_info=True)
             return None
+        return int(found) if found is not None else None
 
-    async def attachments(self, request_id: str) -> int | None:
-        """The attach count now (None when the record is gone or Redis fails)."""
+    async def close_unless_attached(self, request_id: str, attach: int) -> bool:
+        """After a drop: True when another connection attached since ``attach`` (the stream was resumed);
+        otherwise mark the record closed, so no resume can attach any more, and return False. Atomic with
+        :meth:`attach`. A Redis failure returns False (the request is then cancelled)."""
         if self.client is None:
-            return None
+            return False
         try:
-            value = await self.client.hget(relay_record_key(request_id), "attach")
+            resumed = await self.client.eval(CLOSE_SCRIPT, 1, relay_record_key(request_id), attach)
         except Exception:
-            return None
-        return int(value) if value is not None else None
+            log.warning("relay record close failed", extra={"request_id": request_id}, exc_info=True)
+            return False
+        return bool(resumed)
 
     async def history(self, request_id: str) -> list[StreamEntry]:
         """The request's progress stream so far (at most CHAT_PROGRESS_STREAM_MAX_ENTRIES entries)."""

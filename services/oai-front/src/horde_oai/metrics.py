@@ -106,7 +106,8 @@ DELTA_READS = counter(
 )
 STREAM_RELAYS = counter(
     "horde.oai.stream.relays",
-    "How relayed streams ended: relayed (deltas exposed), whole (delivered whole), diverged, resumed",
+    "Relayed streams by outcome: relayed (deltas exposed), whole (delivered whole), diverged, dropped (the "
+    "client left), resumed (a Last-Event-ID re-attach)",
     ["horde.outcome"],
 )
 STREAM_FAILURES = counter(
