@@ -317,3 +317,46 @@ def test_last_event_id_resumes_the_same_completion(streaming_stack: Stack) -> No
                 **ask("[[pace:5]] [[words:50]] another body"), stream=True, extra_headers={"Last-Event-ID": last_id}
             )
         )
+
+
+def test_a_second_connection_that_drops_does_not_cancel_the_first(streaming_stack: Stack) -> None:
+    body = {**ask("[[pace:5]] [[words:50]] two readers"), "stream": True}
+    headers = {"Authorization": f"Bearer {streaming_stack.client_key}"}
+    text, request_id, resumed = "", None, False
+    with httpx.stream("POST", f"{streaming_stack.front}/chat/completions", json=body, headers=headers, timeout=60) as r:
+        for event_id, data in sse_events(r):
+            if not isinstance(data, dict) or not data.get("choices"):
+                continue
+            text += data["choices"][0]["delta"].get("content") or ""
+            request_id = request_id_of(data["id"])
+            if not resumed and text:
+                resumed = True
+                assert event_id is not None
+                # A fake generation id is refused rather than replayed from the start.
+                request_id_part = event_id.split(":")[0]
+                fake = httpx.post(
+                    f"{streaming_stack.front}/chat/completions",
+                    json=body,
+                    headers={**headers, "Last-Event-ID": f"{request_id_part}:not-a-gen:0:0"},
+                    timeout=30,
+                )
+                assert fake.status_code == 404 and fake.json()["error"]["code"] == "stream_not_found"
+                # A second reader attaches, reads a little and drops while the first goes on reading.
+                with httpx.stream(
+                    "POST",
+                    f"{streaming_stack.front}/chat/completions",
+                    json=body,
+                    headers={**headers, "Last-Event-ID": event_id},
+                    timeout=60,
+                ) as second:
+                    assert second.status_code == 200
+                    for _, more in sse_events(second):
+                        if isinstance(more, dict) and more.get("choices"):
+                            break
+    assert request_id is not None
+    time.sleep(RESUME_GRACE_SECONDS + 1)  # past the second reader's grace
+    status = native_status(streaming_stack, request_id)
+    assert status["done"] and not status["faulted"]
+    assert text == status["generations"][0]["message"]["content"]
+    (wp,) = query(streaming_stack, "SELECT cancelled FROM waiting_prompts WHERE id = $1", uuid.UUID(request_id))
+    assert wp["cancelled"] is False

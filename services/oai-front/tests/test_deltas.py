@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from horde_core.chat_stream import progress_stream_key
 from horde_core.redis_keys import CHAT_SIGNAL_DB, redis_client
-from horde_oai.deltas import DeltaFeed, DeltaStreamReader, RelayRecords
+from horde_oai.deltas import MAX_STREAM_CONNECTIONS, DeltaFeed, DeltaStreamReader, RelayRecords, StreamBusy
 
 
 async def next_batch(feed: DeltaFeed):
@@ -139,23 +140,58 @@ async def test_relay_records_save_load_attach_and_history(redis_url):
     try:
         await records.save("rec", "k" * 64, "b" * 64, 1234.5)
         found = await records.load("rec")
-        assert found == {"key": "k" * 64, "body": "b" * 64, "submitted_at": "1234.5", "attach": "1"}
+        assert found == {"key": "k" * 64, "body": "b" * 64, "submitted_at": "1234.5", "attach": "1", "live": "1"}
         assert 0 < await client.ttl("horde:oai:relay:rec") <= 60
         assert await records.attach("rec") == 2
         assert await records.load("missing") is None
         assert await records.attach("missing") is None
-        # A drop by the connection that attached second: nobody attached since, so the record closes and no
-        # resume can attach any more.
-        assert await records.close_unless_attached("rec", 2) is False
+        # The resume ends with the stream; the original drops for good: the last one closes the record, and
+        # no later resume can attach to its cancelled request.
+        assert await records.detach("rec", close_if_last=False) is True
+        assert await records.detach("rec", close_if_last=True) is False
         assert (await records.load("rec") or {})["closed"] == "1"
         assert await records.attach("rec") is None
-        # A drop that a resume overtook: the record stays open.
-        await records.save("rec2", "k", "b", 1.0)
-        assert await records.attach("rec2") == 2
-        assert await records.close_unless_attached("rec2", 1) is True
-        assert "closed" not in (await records.load("rec2") or {})
         await client.delete(progress_stream_key("rec"))
         await client.xadd(progress_stream_key("rec"), {"gen": "g", "seq": 1, "content": "hi"})
         assert [e.content for e in await records.history("rec")] == ["hi"]
     finally:
+        await client.aclose()
+
+
+async def test_a_stream_takes_at_most_max_connections(redis_url):
+    client = redis_client(redis_url, db=CHAT_SIGNAL_DB)
+    records = RelayRecords(client, ttl_seconds=60)
+    try:
+        await records.save("busy", "k", "b", 1.0)
+        for expected in range(2, MAX_STREAM_CONNECTIONS + 1):
+            assert await records.attach("busy") == expected
+        with pytest.raises(StreamBusy):
+            await records.attach("busy")
+        # A dropped connection still counts until its grace ends; a resume meanwhile keeps the stream open.
+        assert await records.detach("busy", close_if_last=True) is True
+        assert await records.attach("busy") == MAX_STREAM_CONNECTIONS + 1
+    finally:
+        await client.aclose()
+
+
+async def test_every_connection_of_a_request_gets_each_entry_after_its_own_start(redis_url):
+    client = redis_client(redis_url, db=CHAT_SIGNAL_DB)
+    reader = DeltaStreamReader(client, block_ms=50)
+    key = progress_stream_key("fan-out")
+    await client.delete(key)
+    first = await client.xadd(key, {"gen": "g", "seq": 1, "content": "one"})
+    await reader.start()
+    try:
+        original = reader.register("fan-out")
+        assert [e.content for e in await next_batch(original)] == ["one"]
+        resumed = reader.register("fan-out", first)  # a resume that replayed entry one from XRANGE
+        await client.xadd(key, {"gen": "g", "seq": 2, "content": "two"})
+        assert [e.content for e in await next_batch(original)] == ["two"]
+        assert [e.content for e in await next_batch(resumed)] == ["two"]
+        reader.unregister(resumed)
+        await client.xadd(key, {"gen": "g", "seq": 3, "content": "three"})
+        assert [e.content for e in await next_batch(original)] == ["three"]
+        assert resumed.batches.empty() and reader.registered == 1
+    finally:
+        await reader.stop()
         await client.aclose()

@@ -380,3 +380,26 @@ def test_pacing_delivers_every_character_in_order(
     assert all(piece.text for piece in sent)
     assert "".join(p.text for p in sent if p.field == R) == "".join(d[0] for d in deltas)
     assert "".join(p.text for p in sent if p.field == C) == "".join(d[1] for d in deltas)
+
+
+# Regional indicators are segmented through a linear stand-in (pacing._grapheme_boundaries); it must cut
+# exactly where \X cuts the original text, marks, joiners, prepend characters and CR LF included.
+_MIXED_ALPHABET = st.sampled_from(
+    ["\U0001F1EB", "\U0001F1F7", "\U0001F1E9", "a", " ", "\u0301", "\u200d", "\U0001F468", "\ufe0f",
+     "\U0001F3FD", "\r", "\n", "\u0915", "\u093f", "\u0600"]
+)
+
+
+@given(st.lists(_MIXED_ALPHABET, max_size=24).map("".join))
+def test_regional_indicator_stand_in_cuts_where_grapheme_clusters_end(text: str) -> None:
+    from horde_oai.pacing import _grapheme_boundaries
+
+    expected = [match.end() for match in regex.finditer(r"\X", text)][:-1]
+    assert _grapheme_boundaries(text) == expected
+
+
+def test_a_long_run_of_flag_letters_is_cut_between_pairs() -> None:
+    run = "\U0001F1FA" * 4801  # 2400 pairs and a lone indicator
+    pieces = split_pieces(run, 80)
+    assert "".join(pieces) == run and len(pieces) == 80
+    assert all(len(piece) % 2 == 0 for piece in pieces[:-1])

@@ -254,6 +254,8 @@ def test_an_error_event_mirrors_retry_after_and_ends_with_done():
         (":g1:1:1", None),
         ("req:g1:1:1:z", None),
         ("a" * 201, None),
+        ("req:g1:\u00b3:0", None),
+        ("req:g1:1:\u0663", None),
         ("", None),
     ],
 )

@@ -187,6 +187,43 @@ async def test_without_a_lease(app_client, factory) -> None:
     assert (r.status_code, r.json()["rc"]) == (404, "ChatJobAborted")
 
 
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        (b'{"id": "a\\udc00", "seq": 1, "delta": {"content": "x"}}', "lone UTF-16 surrogate"),
+        (b'{"id": "a", "seq": 1, "delta": {"content": "\\ud800"}}', "lone UTF-16 surrogate"),
+        (b"[" * 100_000 + b"]" * 100_000, "not valid JSON"),
+        (b"\xff\xfe", "not UTF-8"),
+        (b'{"id": NaN}', "not valid JSON"),
+    ],
+)
+async def test_hostile_bodies_are_400_before_any_store_is_touched(app_client, raw, message) -> None:
+    r = await app_client.post(PROGRESS, content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    assert r.json()["rc"] == "BadRequest" and message in r.json()["message"]
+
+
+async def test_a_body_past_any_cap_is_refused_unread(app_client) -> None:
+    from horde_submit.progress import MAX_PROGRESS_BODY_BYTES
+
+    raw = b'{"id": "x", "seq": 1, "delta": {"content": "' + b"a" * MAX_PROGRESS_BODY_BYTES + b'"}}'
+    r = await app_client.post(PROGRESS, content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 413
+    assert r.json() == {
+        "message": "This post is larger than any generation's progress cap. Stop posting progress; still submit "
+        "the reply.",
+        "rc": "ChatProgressCapReached",
+    }
+
+
+async def test_nul_is_relayed_as_the_submit_stores_it(app_client, factory, signal_db) -> None:
+    job = await streamed_job(factory, signal_db)
+    r = await app_client.post(PROGRESS, json=post_body(job, 1, "a\x00b", "r\x00"), headers={"apikey": job.owner.api_key})
+    assert r.status_code == 200
+    (entry,) = await entries(signal_db, job)
+    assert (entry["content"], entry["reasoning_content"]) == ("a\ufffdb", "r\ufffd")
+
+
 async def test_byte_cap(app_client, factory, signal_db) -> None:
     job = await streamed_job(factory, signal_db, max_bytes=10)
     key = {"apikey": job.owner.api_key}

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from horde_contract import ChatContractError, load_json_body, parse_chat_request
 from horde_core.body import BodyReadTimeout, BodyTooLarge, read_bounded_body
 
-from horde_oai.deltas import FIRST_ID
+from horde_oai.deltas import FIRST_ID, MAX_STREAM_CONNECTIONS, StreamBusy
 from horde_oai.errors import OpenAIError, bad_request
 from horde_oai.mapping import (
     build_completion,
@@ -54,7 +54,7 @@ from horde_oai.metrics import (
     max_tokens_bucket,
     outcome_class_for,
 )
-from horde_oai.relay import DeltaRelay, EventId, parse_event_id, sse_event
+from horde_oai.relay import WHOLE_GENERATION, DeltaRelay, EventId, parse_event_id, sse_event
 from horde_oai.schema import contract_error, parameter_label, validate_request
 from horde_oai.streaming import buffered_stream_events, sse_error
 from horde_oai.waiter import ChatWait, WaitTrace
@@ -329,6 +329,17 @@ def stream_not_resumable() -> OpenAIError:
     )
 
 
+def stream_busy() -> OpenAIError:
+    """409 stream_busy: the stream already has its most connections (the original and its resumes)."""
+    return OpenAIError(
+        409,
+        f"This stream already has {MAX_STREAM_CONNECTIONS} connections. Close one, or retry once the server has "
+        "noticed a dropped connection.",
+        "stream_busy",
+        headers={"Retry-After": "2"},
+    )
+
+
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(request: Request) -> Response:
     """Create a chat completion on the AI Horde (see the OpenAPI description for the body and errors)."""
@@ -450,7 +461,13 @@ async def _stream(
     after it, the whole reply at once when the request is done."""
     state = request.app.state
     wait_task = asyncio.create_task(waiter.run())
-    refused = await _headers_decision(request, record, waiter, wait_task)
+    refused = await _headers_decision(
+        request,
+        record,
+        waiter,
+        wait_task,
+        lambda: state.cancels.cancel_in_background(record.request_id, record.submitted_at),
+    )
     if refused is not None:
         return refused
     include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -498,12 +515,15 @@ async def _stream(
 
 
 async def _headers_decision(
-    request: Request, record: RequestRecord, waiter: ChatWait, wait_task: asyncio.Task[dict[str, Any]]
+    request: Request,
+    record: RequestRecord,
+    waiter: ChatWait,
+    wait_task: asyncio.Task[dict[str, Any]],
+    on_leave: Callable[[], None],
 ) -> Response | None:
     """Wait for the first-read decision (spec: Stream errors): a Response when the request ends before any
-    header (its JSON error, or 499 for a client that left, whose request is cancelled), None when the stream
-    may open."""
-    state = request.app.state
+    header (its JSON error, or 499 for a client that left, after ``on_leave`` decided the request's fate),
+    None when the stream may open."""
     first_read = asyncio.create_task(waiter.first_read_passed.wait())
     watch_task = asyncio.create_task(_watch_disconnect(request))
     try:
@@ -515,7 +535,7 @@ async def _headers_decision(
         wait_task.cancel()
         with contextlib.suppress(BaseException):
             await wait_task
-        state.cancels.cancel_in_background(record.request_id, record.submitted_at)
+        on_leave()
         record.status, record.code = 499, "client_disconnected"
         record.finish()
         return Response(status_code=499)
@@ -537,7 +557,6 @@ async def _relayed_stream(
     prompt_estimate: int,
     *,
     resume_at: EventId | None = None,
-    attach: int | None = 1,
 ) -> Response:
     """A relayed stream (spec: Relayed deltas): deltas from the progress stream as they arrive, paced, then the
     final reply reconciled with them. ``resume_at`` re-attaches a client at its ``Last-Event-ID``."""
@@ -561,18 +580,33 @@ async def _relayed_stream(
         except Exception:
             log.warning("resume: stream read failed", extra={"request_id": request_id}, exc_info=True)
             history = []
+        if resume_at.gen != WHOLE_GENERATION and not any(e.gen == resume_at.gen for e in history):
+            # Not a generation this stream relayed: replaying from 0 would duplicate the client's text.
+            _detach_finished(state, request_id)
+            error = stream_not_resumable()
+            record_refusal(error, record.started, True)
+            return error.response()
         catchup = relay.resume(resume_at, history)
         start_id = history[-1].id if history else FIRST_ID
         STREAM_RELAYS.labels(outcome="resumed").inc()
     feed = state.deltas.register(request_id, start_id)
     wait_task = asyncio.create_task(waiter.run())
+    submitted_at = record.submitted_at or time.time()
     try:
-        refused = await _headers_decision(request, record, waiter, wait_task)
+        refused = await _headers_decision(
+            request,
+            record,
+            waiter,
+            wait_task,
+            lambda: _cancel_unless_resumed(state, request_id, submitted_at, resume_at is not None),
+        )
     except BaseException:
         state.deltas.unregister(feed)
         raise
     if refused is not None:
         state.deltas.unregister(feed)
+        if refused.status_code != 499:
+            _detach_finished(state, request_id)
         return refused
     include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
     keepalive = settings.oai_stream_keepalive_seconds
@@ -647,34 +681,44 @@ async def _relayed_stream(
             state.deltas.unregister(feed)
             if record.first_content is not None:
                 STREAM_FIRST_CONTENT.labels(relayed="true").observe(max(0.0, record.first_content - record.started))
-            if not finished:
-                # The client went away mid-stream: drop pending pieces; cancel unless it resumes in time (a
-                # client that received no event id cannot resume, so its request is cancelled at once).
+            if finished:
+                _detach_finished(state, request_id)
+            else:
+                # The client went away mid-stream: drop pending pieces; cancel unless it resumes in time.
                 relay.drop()
                 STREAM_RELAYS.labels(outcome="dropped").inc()
                 if not wait_task.done():
                     wait_task.cancel()
-                    _cancel_unless_resumed(
-                        state, request_id, record.submitted_at or time.time(), attach if relay.exposed else None
-                    )
+                    _cancel_unless_resumed(state, request_id, record.submitted_at or time.time(), relay.exposed)
+                else:
+                    _detach_finished(state, request_id)
                 record.status, record.code = 499, "client_disconnected"
                 record.finish()
 
     return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
 
 
-def _cancel_unless_resumed(state: Any, request_id: str, submitted_at: float, attach: int | None) -> None:
-    """Cancel a dropped relayed stream's request after the resume grace, unless another connection attached
-    meanwhile (on any front replica: the attach count lives in Redis)."""
-    grace = state.settings.oai_stream_resume_grace_seconds
-    if grace <= 0 or attach is None:
-        state.cancels.cancel_in_background(request_id, submitted_at)
-        return
+def _cancel_unless_resumed(state: Any, request_id: str, submitted_at: float, resumable: bool) -> None:
+    """A relayed stream's connection dropped: after the resume grace, detach it and cancel the request unless
+    another connection is attached (on any front replica: the counts live in Redis). A client that never
+    received an event id cannot resume, so its request is cancelled at once."""
+    grace = state.settings.oai_stream_resume_grace_seconds if resumable else 0.0
 
     async def resumed() -> bool:
-        return bool(await state.relay_records.close_unless_attached(request_id, attach))
+        return bool(await state.relay_records.detach(request_id, close_if_last=True))
 
     state.cancels.cancel_later(request_id, submitted_at, grace, resumed)
+
+
+def _detach_finished(state: Any, request_id: str) -> None:
+    """A relayed stream's connection ended with the stream: one connection fewer (in the background, since the
+    response's task may be cancelled while it closes)."""
+    task = asyncio.get_running_loop().create_task(state.relay_records.detach(request_id, close_if_last=False))
+    _BACKGROUND.add(task)
+    task.add_done_callback(_BACKGROUND.discard)
+
+
+_BACKGROUND: set[asyncio.Task[Any]] = set()
 
 
 async def _resume(
@@ -700,7 +744,12 @@ async def _resume(
             yield sse_event(at, "[DONE]")
 
         return StreamingResponse(done(), media_type="text/event-stream", headers=SSE_HEADERS)
-    attach = await state.relay_records.attach(at.request_id)
+    try:
+        attach = await state.relay_records.attach(at.request_id)
+    except StreamBusy:
+        busy = stream_busy()
+        record_refusal(busy, record.started, True)
+        return busy.response()
     if attach is None:
         # Closed meanwhile: the drop's grace ended and the request was cancelled.
         error = stream_not_resumable()
@@ -710,5 +759,5 @@ async def _resume(
     record.trace = waiter.trace
     prompt_estimate = estimate_prompt_tokens(body.get("messages") or [], body.get("tools"))
     return await _relayed_stream(
-        request, record, waiter, body, int(record.submitted_at), prompt_estimate, resume_at=at, attach=attach
+        request, record, waiter, body, int(record.submitted_at), prompt_estimate, resume_at=at
     )

@@ -37,13 +37,18 @@ FIRST_ID = "0-0"
 
 
 class DeltaFeed:
-    """One registered request: batches of :class:`StreamEntry` in stream order, one batch per read."""
+    """One registered connection: batches of :class:`StreamEntry` in stream order, one batch per read."""
 
     def __init__(self, request_id: str, start_id: str = FIRST_ID) -> None:
         self.request_id = request_id
         self.key = progress_stream_key(request_id)
         self.last_id = start_id
         self.batches: asyncio.Queue[list[StreamEntry]] = asyncio.Queue()
+
+
+def _id_key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms or 0), int(seq or 0)
 
 
 class DeltaStreamReader:
@@ -61,7 +66,7 @@ class DeltaStreamReader:
         self.block_ms = block_ms
         self.read_timeout = read_timeout
         self.retry_seconds = retry_seconds
-        self._feeds: dict[str, DeltaFeed] = {}
+        self._feeds: dict[str, list[DeltaFeed]] = {}  # stream key -> the connections reading it
         self._have_feeds = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -86,30 +91,32 @@ class DeltaStreamReader:
             self._task = None
 
     def register(self, request_id: str, start_id: str = FIRST_ID) -> DeltaFeed:
-        """Read ``request_id``'s stream from after ``start_id`` (its start by default).
-
-        One feed per request and process: a second registration of the same request replaces the first (a
-        resumed stream takes over from the connection it resumes)."""
+        """Read ``request_id``'s stream from after ``start_id`` (its start by default). Several connections
+        of one request (a resume beside the original) each get every entry after their own start."""
         feed = DeltaFeed(request_id, start_id)
-        self._feeds[request_id] = feed
+        self._feeds.setdefault(feed.key, []).append(feed)
         self._have_feeds.set()
         return feed
 
     def unregister(self, feed: DeltaFeed) -> None:
-        if self._feeds.get(feed.request_id) is feed:
-            del self._feeds[feed.request_id]
+        feeds = self._feeds.get(feed.key, [])
+        if feed in feeds:
+            feeds.remove(feed)
+        if not feeds:
+            self._feeds.pop(feed.key, None)
         if not self._feeds:
             self._have_feeds.clear()
 
     async def _run(self) -> None:
         while True:
             await self._have_feeds.wait()
-            feeds = list(self._feeds.values())
-            if not feeds:
+            # One position per stream: the earliest of its connections; each skips what it already had.
+            positions = {key: min((f.last_id for f in feeds), key=_id_key) for key, feeds in self._feeds.items()}
+            if not positions:
                 continue
             started = time.monotonic()
             try:
-                result = await asyncio.wait_for(self._read(feeds), self.read_timeout)
+                result = await asyncio.wait_for(self._read(positions), self.read_timeout)
             except asyncio.CancelledError:
                 raise
             except TimeoutError:
@@ -123,29 +130,27 @@ class DeltaStreamReader:
                 continue
             if result:
                 DELTA_READS.labels(outcome="entries").inc()
-                self._deliver(feeds, result)
+                self._deliver(result)
             elif time.monotonic() - started < self.block_ms / 2000:
                 # XREAD BLOCK answered at once with nothing (e.g. every key missing on some servers): don't spin.
                 await asyncio.sleep(self.block_ms / 1000)
 
-    async def _read(self, feeds: list[DeltaFeed]) -> Any:
+    async def _read(self, positions: dict[str, str]) -> Any:
         assert self.client is not None
-        streams = {feed.key: feed.last_id for feed in feeds}
-        return await self.client.xread(streams, count=DELTA_READ_COUNT, block=self.block_ms)  # type: ignore[arg-type]
+        return await self.client.xread(positions, count=DELTA_READ_COUNT, block=self.block_ms)  # type: ignore[arg-type]
 
-    def _deliver(self, feeds: list[DeltaFeed], result: Any) -> None:
-        by_key = {feed.key: feed for feed in feeds}
+    def _deliver(self, result: Any) -> None:
         items = result.items() if isinstance(result, dict) else result
         for key, entries in items:
             key_text = key.decode() if isinstance(key, bytes) else str(key)
-            feed = by_key.get(key_text)
             batch = [StreamEntry.from_fields(entry_id, fields) for entry_id, fields in entries or ()]
-            if feed is None or not batch:
-                continue
-            feed.last_id = batch[-1].id
-            # A feed that unregistered during the read is no longer in self._feeds: nothing is queued for it.
-            if self._feeds.get(feed.request_id) is feed:
-                feed.batches.put_nowait(batch)
+            # A connection that unregistered during the read is no longer listed: nothing is queued for it.
+            for feed in self._feeds.get(key_text, []):
+                after = _id_key(feed.last_id)
+                mine = [entry for entry in batch if _id_key(entry.id) > after]
+                if mine:
+                    feed.last_id = mine[-1].id
+                    feed.batches.put_nowait(mine)
             log.debug("delta read", extra={"request_id": request_id_of_stream(key_text), "entries": len(batch)})
 
 
@@ -156,19 +161,29 @@ RELAY_RECORD_PREFIX = "horde:oai:relay:"
 RELAY_RECORD_TTL_SECONDS = 900
 
 
-# KEYS[1]: the record. A closed or missing record refuses the attach (nil); else the new attach count.
+# Connections one relayed stream may have at once (the original and its resumes), so one paid request cannot
+# pin an unbounded number of connections and status waits on a front.
+MAX_STREAM_CONNECTIONS = 4
+# KEYS[1]: the record; ARGV[1]: MAX_STREAM_CONNECTIONS. nil for a closed or missing record, -1 when the stream
+# has its most connections, else the new attach count (live connections go up by one).
 ATTACH_SCRIPT = """
 if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('HGET', KEYS[1], 'closed') == '1' then return nil end
+if tonumber(redis.call('HGET', KEYS[1], 'live') or '0') >= tonumber(ARGV[1]) then return -1 end
+redis.call('HINCRBY', KEYS[1], 'live', 1)
 return redis.call('HINCRBY', KEYS[1], 'attach', 1)
 """
-# KEYS[1]: the record; ARGV[1]: the attach count of the connection that dropped. 1 when another connection
-# attached since (resumed); else the record is closed and 0 is returned.
-CLOSE_SCRIPT = """
-local attached = tonumber(redis.call('HGET', KEYS[1], 'attach') or '0')
-if attached > tonumber(ARGV[1]) then return 1 end
-if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], 'closed', '1') end
+# KEYS[1]: the record; ARGV[1]: 1 to close the stream when this was its last connection. Returns 1 when
+# connections remain (the stream goes on), 0 when none does, nil when the record is gone.
+DETACH_SCRIPT = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return nil end
+if redis.call('HINCRBY', KEYS[1], 'live', -1) > 0 then return 1 end
+if ARGV[1] == '1' then redis.call('HSET', KEYS[1], 'closed', '1') end
 return 0
 """
+
+
+class StreamBusy(Exception):
+    """The stream already has :data:`MAX_STREAM_CONNECTIONS` connections."""
 
 
 def relay_record_key(request_id: str) -> str:
@@ -178,9 +193,10 @@ def relay_record_key(request_id: str) -> str:
 
 class RelayRecords:
     """The records that let a client re-attach to a relayed stream (any front replica): a hash of ``key``
-    (SHA-256 of the API key), ``body`` (the request's digest), ``submitted_at`` (Unix seconds) and
-    ``attach`` (how many connections attached so far). Every operation is best effort: a Redis failure
-    makes a stream not resumable, never fails it."""
+    (SHA-256 of the API key), ``body`` (the request's digest), ``submitted_at`` (Unix seconds), ``attach``
+    (connections attached so far), ``live`` (connections attached now, a dropped one until its resume grace
+    ends) and ``closed`` (1 once the last connection dropped for good, and the request was cancelled). Every operation is best effort: a Redis
+    failure makes a stream not resumable, never fails it."""
 
     def __init__(self, client: redis.Redis | None, ttl_seconds: int = RELAY_RECORD_TTL_SECONDS) -> None:
         self.client = client
@@ -194,7 +210,13 @@ class RelayRecords:
             async with self.client.pipeline(transaction=True) as pipe:
                 pipe.hset(
                     key,
-                    mapping={"key": key_digest, "body": body_digest, "submitted_at": submitted_at, "attach": 1},
+                    mapping={
+                        "key": key_digest,
+                        "body": body_digest,
+                        "submitted_at": submitted_at,
+                        "attach": 1,
+                        "live": 1,
+                    },
                 )
                 pipe.expire(key, self.ttl_seconds)
                 await pipe.execute()
@@ -213,29 +235,37 @@ class RelayRecords:
         return {str(k): str(v) for k, v in raw.items()} or None
 
     async def attach(self, request_id: str) -> int | None:
-        """Count one more attached connection and return the new count; None when the stream was closed
-        (its request cancelled after a drop), the record is gone, or Redis fails."""
+        """Attach one more connection and return the attach count; None when the stream was closed (its
+        request cancelled after a drop), the record is gone, or Redis fails. Raises :class:`StreamBusy` when
+        the stream has :data:`MAX_STREAM_CONNECTIONS` connections."""
         if self.client is None:
             return None
         try:
-            found = await self.client.eval(ATTACH_SCRIPT, 1, relay_record_key(request_id))
+            found = await self.client.eval(
+                ATTACH_SCRIPT, 1, relay_record_key(request_id), MAX_STREAM_CONNECTIONS
+            )
         except Exception:
             log.warning("relay record attach failed", extra={"request_id": request_id}, exc_info=True)
             return None
+        if found is not None and int(found) < 0:
+            raise StreamBusy(request_id)
         return int(found) if found is not None else None
 
-    async def close_unless_attached(self, request_id: str, attach: int) -> bool:
-        """After a drop: True when another connection attached since ``attach`` (the stream was resumed);
-        otherwise mark the record closed, so no resume can attach any more, and return False. Atomic with
-        :meth:`attach`. A Redis failure returns False (the request is then cancelled)."""
+    async def detach(self, request_id: str, *, close_if_last: bool) -> bool:
+        """One connection ended: True when others remain attached. A dropped connection is detached only once
+        its resume grace ended, so a resume within the grace keeps the stream alive; with ``close_if_last``
+        the last one closes the record, so no later resume can attach to its cancelled request. Atomic with
+        :meth:`attach`. A Redis failure or a missing record returns False."""
         if self.client is None:
             return False
         try:
-            resumed = await self.client.eval(CLOSE_SCRIPT, 1, relay_record_key(request_id), attach)
+            found = await self.client.eval(
+                DETACH_SCRIPT, 1, relay_record_key(request_id), "1" if close_if_last else "0"
+            )
         except Exception:
-            log.warning("relay record close failed", extra={"request_id": request_id}, exc_info=True)
+            log.warning("relay record detach failed", extra={"request_id": request_id}, exc_info=True)
             return False
-        return bool(resumed)
+        return bool(found == 1)
 
     async def history(self, request_id: str) -> list[StreamEntry]:
         """The request's progress stream so far (at most CHAT_PROGRESS_STREAM_MAX_ENTRIES entries)."""

@@ -27,6 +27,7 @@ OUTCOME_CLASS_BY_CODE: dict[str, str] = {
     "ChatRequestNoGeneration": "service_fault",
     "ChatStreamDiverged": "service_fault",
     "stream_not_found": "client_error",
+    "stream_busy": "client_error",
     "HordeUnavailable": "service_fault",
     "InternalServerError": "service_fault",
     "BadRequest": "client_error",

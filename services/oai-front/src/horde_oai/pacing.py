@@ -80,9 +80,25 @@ class Scheduled:
     pieces: int
 
 
+# The regex module's \X pairs regional indicators by looking back over the whole run, which is quadratic in
+# the run's length (a 240 KB post of flag letters froze the event loop for seconds). Each run is therefore
+# segmented as a stand-in of the same length that \X pairs the same way in linear time: a pair becomes a
+# letter and a combining mark (one cluster), an odd last indicator a letter; marks that follow still attach.
+_REGIONAL_INDICATOR_RUN = regex.compile("[\U0001F1E6-\U0001F1FF]+")
+_PAIR_STAND_IN = "A\u0301"
+
+
+def _regional_stand_in(run: regex.Match[str]) -> str:
+    pairs, odd = divmod(len(run.group()), 2)
+    return _PAIR_STAND_IN * pairs + ("A" if odd else "")
+
+
 def _grapheme_boundaries(text: str) -> list[int]:
-    """The offsets strictly inside ``text`` between two extended grapheme clusters, ascending."""
-    return [match.end() for match in _GRAPHEME.finditer(text)][:-1]
+    """The offsets strictly inside ``text`` between two extended grapheme clusters, ascending.
+
+    Linear in ``len(text)``, runs of regional indicators included."""
+    segmented = _REGIONAL_INDICATOR_RUN.sub(_regional_stand_in, text)
+    return [match.end() for match in _GRAPHEME.finditer(segmented)][:-1]
 
 
 def split_pieces(text: str, count: int) -> list[str]:

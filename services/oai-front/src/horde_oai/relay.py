@@ -74,9 +74,14 @@ def parse_event_id(value: str) -> EventId | None:
     if len(parts) != 4 and not final:
         return None
     request_id, gen, r, c = parts[:4]
-    if not request_id or not gen or not r.isdigit() or not c.isdigit():
+    if not request_id or not gen or not _ascii_digits(r) or not _ascii_digits(c):
         return None
     return EventId(request_id, gen, int(r), int(c), final)
+
+
+def _ascii_digits(text: str) -> bool:
+    # str.isdigit() accepts superscripts and other digits int() refuses.
+    return text.isascii() and text.isdecimal()
 
 
 def sse_event(event_id: EventId | None, data: Mapping[str, Any] | str) -> str:

@@ -43,7 +43,11 @@ def create_app(settings: SubmitSettings) -> FastAPI:
         signal = signal_client(settings.redis_url)
         app.state.submitter = Submitter(pool=pool, signal=signal, salt=settings.secret_key, models=models)
         app.state.progress = ProgressHandler(
-            pool=pool, signal=signal, salt=settings.secret_key, lease_seconds=settings.text_job_lease_seconds
+            pool=pool,
+            signal=signal,
+            salt=settings.secret_key,
+            lease_seconds=settings.text_job_lease_seconds,
+            read_timeout=settings.body_read_timeout_seconds,
         )
 
         async def check_postgres() -> None:

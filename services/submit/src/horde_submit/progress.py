@@ -24,8 +24,9 @@ import asyncpg
 import redis.asyncio as redis
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse
-from horde_contract import RC
+from horde_contract import RC, ChatContractError, load_json_body
 from horde_contract.limits import TEXT_JOB_LEASE_SECONDS
+from horde_core.body import BodyReadTimeout, BodyTooLarge, InvalidContentLength, read_bounded_body
 from horde_core.chat_stream import AppendResult, AppendStatus, ProgressAppender, extend_lease, lease_key_check
 from horde_core.errors import HordeError
 from horde_core.metrics import counter
@@ -33,6 +34,7 @@ from horde_store.users import hash_api_key
 
 from horde_submit import generations as gens
 from horde_submit.auth import WRONG_CREDENTIALS_MESSAGE
+from horde_submit.contract import replace_nul
 from horde_submit.metrics import flag
 
 log = logging.getLogger(__name__)
@@ -78,18 +80,23 @@ def parse_progress(body: Any) -> ProgressPost:
             raise bad_request(f"Input payload validation failed: delta.{name}: has to be a string")
     if not content and not reasoning:
         raise bad_request("The delta carries neither content nor reasoning_content.")
-    return ProgressPost(gen_id, seq, content or "", reasoning if reasoning else None)
+    # NUL is stored as U+FFFD in the final reply; relaying it the same way keeps the stream its prefix.
+    return ProgressPost(
+        gen_id, seq, replace_nul(content or ""), replace_nul(reasoning) if reasoning else None
+    )
 
 
 @dataclass
 class ProgressHandler:
     """The progress route's state: the signal-database client (leases and streams live there), the pool, the
-    API-key salt and the job lease length in seconds (HORDE_TEXT_JOB_LEASE_SECONDS) a renewal extends to."""
+    API-key salt, the job lease length in seconds (HORDE_TEXT_JOB_LEASE_SECONDS) a renewal extends to, and the
+    longest a post's body may take to arrive (HORDE_BODY_READ_TIMEOUT_SECONDS)."""
 
     pool: asyncpg.Pool
     signal: redis.Redis
     salt: str
     lease_seconds: int = TEXT_JOB_LEASE_SECONDS
+    read_timeout: float = 60.0
     _appender: ProgressAppender = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -182,12 +189,33 @@ class ProgressHandler:
 router = APIRouter(tags=["progress"])
 
 
+# A post's delta is at most the generation's byte cap (16 bytes per max_length token, 256 KiB at the largest
+# max_length); JSON escapes can take six bytes per character, so 2 MiB holds any legal post.
+MAX_PROGRESS_BODY_BYTES = 2 * 1024 * 1024
+
+
 @router.post("/v2/generate/text/progress")
 async def progress_route(request: Request, apikey: str | None = Header(default=None)) -> JSONResponse:
-    """Post a streamed chat job's progress: 200 ``{"accepted_seq": int, "cancelled": bool}``."""
-    try:
-        body = await request.json()
-    except ValueError as exc:
-        raise bad_request("Input payload validation failed: body: invalid JSON") from exc
+    """Post a streamed chat job's progress: 200 ``{"accepted_seq": int, "cancelled": bool}``.
+
+    The body is read bounded (413 ChatProgressCapReached past :data:`MAX_PROGRESS_BODY_BYTES`, which no
+    post under the cap reaches; 408 RequestBodyTimeout when it trickles) and parsed by the contract's JSON
+    reader (400 BadRequest for invalid JSON, deep nesting, lone surrogates)."""
     handler: ProgressHandler = request.app.state.progress
+    try:
+        raw = await read_bounded_body(request, MAX_PROGRESS_BODY_BYTES, handler.read_timeout)
+    except BodyTooLarge:
+        raise HordeError(
+            413,
+            RC.ChatProgressCapReached,
+            "This post is larger than any generation's progress cap. Stop posting progress; still submit the reply.",
+        ) from None
+    except BodyReadTimeout as exc:
+        raise HordeError(408, "RequestBodyTimeout", str(exc)) from None
+    except InvalidContentLength as exc:
+        raise bad_request(f"Input payload validation failed: {exc}") from None
+    try:
+        body = load_json_body(raw, refuse_nul=False)
+    except ChatContractError as exc:
+        raise bad_request(f"Input payload validation failed: body: {exc.message}") from None
     return JSONResponse(await handler.post(body, apikey))
