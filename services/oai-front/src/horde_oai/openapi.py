@@ -37,6 +37,7 @@ COMPLETION_ERRORS = {
     "401": "invalid_api_key, InvalidAPIKey",
     "404": "model_not_found, no_worker_supports_features, stream_not_found (a Last-Event-ID that names no resumable stream)",
     "408": "ChatRequestTimeout",
+    "409": "stream_busy (a resumed stream already has its most connections)",
     "413": "RequestTooLarge",
     "429": "rate_limit_exceeded",
     "502": "ChatRequestFaulted, ChatRequestNoGeneration, HordeUnavailable",
