@@ -202,10 +202,9 @@ def test_a_client_that_disconnects_cancels_and_the_worker_stops_without_submitti
                 request_id, last_id = request_id_of(data["id"]), event_id
                 break
     assert request_id is not None and last_id is not None
-    dropped = time.monotonic()
-    # After the resume grace the front cancels; the worker sees `cancelled` on its next post and stops.
-    wait_for(lambda: worker_jobs(streaming_stack, "cancelled") > cancelled_before, 15, "the worker to stop")
-    assert time.monotonic() - dropped < RESUME_GRACE_SECONDS + 6
+    # After the resume grace the front cancels; the worker sees `cancelled` on its next post and stops (the
+    # reply would take 30 s more: a stop within the wait proves the abort).
+    wait_for(lambda: worker_jobs(streaming_stack, "cancelled") > cancelled_before, 20, "the worker to stop")
     wait_for(lambda: native_status(streaming_stack, request_id)["done"], 10, "the request to end")
     status = native_status(streaming_stack, request_id)
     assert not [g for g in status["generations"] if g.get("message") or g.get("text")]
