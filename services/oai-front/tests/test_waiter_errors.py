@@ -2,8 +2,22 @@
 
 from __future__ import annotations
 
+import time
+
+import httpx
+import pytest
+from horde_oai.cancels import CancelManager
+from horde_oai.errors import OpenAIError
+from horde_oai.horde_client import HordeClient
 from horde_oai.metrics import max_tokens_bucket, outcome_class_for
-from horde_oai.waiter import faulted_error, no_generation_error, queue_unavailable_error, timeout_error
+from horde_oai.signals import SignalHub
+from horde_oai.waiter import (
+    ChatWait,
+    faulted_error,
+    no_generation_error,
+    queue_unavailable_error,
+    timeout_error,
+)
 
 
 def test_faulted_uses_the_status_reason_then_the_signal():
@@ -48,3 +62,84 @@ def test_outcome_classes_and_buckets():
     assert max_tokens_bucket(600) == "768"
     assert max_tokens_bucket(16) == "16"
     assert max_tokens_bucket(20000) == "over"
+
+
+# --- unanswered status reads (spec: Stream errors) -------------------------------------------------------------
+
+DONE = {
+    "done": True,
+    "faulted": False,
+    "waiting": 0,
+    "processing": 0,
+    "is_possible": True,
+    "generations": [{"state": "ok", "message": {"role": "assistant", "content": "hi"}, "worker_id": "w"}],
+}
+
+
+class NativeScript:
+    """Answers the native status route from a list of steps (an int status, an exception, or "done") and
+    records every call; a stand-in for the horde's HTTP peer, not for a store."""
+
+    def __init__(self, *steps: object) -> None:
+        self.steps = list(steps)
+        self.calls: list[str] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.calls.append(request.method)
+        if request.method == "DELETE":
+            return httpx.Response(200, json=DONE)
+        step = self.steps.pop(0) if len(self.steps) > 1 else self.steps[0]
+        if isinstance(step, Exception):
+            raise step
+        if step == "done":
+            return httpx.Response(200, json=DONE)
+        return httpx.Response(int(step), json={"message": "busy"})  # type: ignore[call-overload]
+
+
+async def wait_with(script: NativeScript) -> dict[str, object]:
+    client = HordeClient("http://horde.test/api", transport=httpx.MockTransport(script))
+    cancels = CancelManager(client, 30)
+    wait = ChatWait(
+        request_id="r",
+        submitted_at=time.time(),
+        budget=30,
+        client=client,
+        hub=SignalHub(None),
+        cancels=cancels,
+        recheck_seconds=0.01,
+        grace_seconds=30,
+        models=["m"],
+    )
+    try:
+        return await wait.run()
+    finally:
+        await client.aclose()
+
+
+async def test_two_unanswered_reads_are_tolerated():
+    script = NativeScript(503, 502, "done")
+    status = await wait_with(script)
+    assert status["done"] is True
+    assert "DELETE" not in script.calls
+
+
+async def test_a_third_unanswered_read_cancels_the_request():
+    script = NativeScript(503)
+    with pytest.raises(OpenAIError) as failed:
+        await wait_with(script)
+    assert failed.value.status >= 500
+    assert script.calls.count("GET") == 3 and script.calls[-1] == "DELETE"
+
+
+async def test_a_stale_keepalive_connection_is_read_again_at_once():
+    script = NativeScript(httpx.RemoteProtocolError("closed"), "done")
+    status = await wait_with(script)
+    assert status["done"] is True and script.calls == ["GET", "GET"]
+
+
+async def test_transport_failures_count_as_unanswered_and_then_cancel():
+    script = NativeScript(httpx.ConnectError("refused"))
+    with pytest.raises(OpenAIError) as failed:
+        await wait_with(script)
+    assert failed.value.code == "HordeUnavailable"
+    assert script.calls.count("GET") == 6 and script.calls[-1] == "DELETE"  # 3 reads, each tried twice

@@ -102,9 +102,17 @@ class HordeClient:
         raise horde_unavailable(type(last_error).__name__ if last_error else "no answer")
 
     async def status(self, request_id: str) -> NativeResponse:
-        """``GET /v2/generate/chat/status/{id}``. Raises 502 HordeUnavailable on a transport error."""
+        """``GET /v2/generate/chat/status/{id}``. A read that fails in transport before a timeout is made once
+        more at once: the server may close a pooled keep-alive connection just as it is reused (uvicorn's
+        5 s keep-alive matches the front's 5 s recheck). Raises 502 HordeUnavailable when that fails too."""
+        path = f"/v2/generate/chat/status/{request_id}"
         try:
-            return await self._call("GET", f"/v2/generate/chat/status/{request_id}")
+            try:
+                return await self._call("GET", path)
+            except httpx.TimeoutException:
+                raise
+            except httpx.TransportError:
+                return await self._call("GET", path)
         except httpx.HTTPError as exc:
             raise horde_unavailable(type(exc).__name__) from exc
 

@@ -177,25 +177,33 @@ class ChatWait:
         return error
 
     async def _read(self) -> dict[str, Any] | None:
-        """The status, or None when the Horde no longer holds the request (404)."""
-        response = await self.client.status(self.request_id)
+        """The status; None when the Horde no longer holds the request (404); :data:`UNANSWERED` for a read
+        the Horde left unanswered (transport error, 5xx, 429), tolerated :data:`MAX_UNANSWERED_READS` - 1
+        times in a row (spec: Stream errors). Past that, and on any other refusal, the request is cancelled
+        and the error raised: it must not run on and be charged for a reply nobody waits for."""
+        try:
+            response = await self.client.status(self.request_id)
+        except OpenAIError as unavailable:
+            return await self._unanswered(unavailable)
         if response.status == 404:
             return None
         if not response.ok:
-            raise map_native_error(
-                response.status, response.body, models=self.models, headers=response.headers
-            )
+            error = map_native_error(response.status, response.body, models=self.models, headers=response.headers)
+            if response.status >= 500 or response.status == 429:
+                return await self._unanswered(error)
+            raise await self._refuse(error)
+        self._unanswered_reads = 0
         body = response.body if isinstance(response.body, dict) else {}
         self.last_status = body
         if body.get("context_adjustments"):
             self.trace.context_adjustments = list(body["context_adjustments"])
         return body
 
-    def _unanswered(self, error: OpenAIError) -> dict[str, Any]:
+    async def _unanswered(self, error: OpenAIError) -> dict[str, Any]:
         self._unanswered_reads += 1
         log.warning("status read unanswered", extra={"request_id": self.request_id, "code": error.code})
         if self._unanswered_reads >= MAX_UNANSWERED_READS:
-            raise error
+            raise await self._refuse(error)
         return UNANSWERED
 
     async def _gap_error(self, gap: Mapping[str, Any]) -> OpenAIError:
