@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import httpx
@@ -143,3 +144,39 @@ async def test_transport_failures_count_as_unanswered_and_then_cancel():
         await wait_with(script)
     assert failed.value.code == "HordeUnavailable"
     assert script.calls.count("GET") == 6 and script.calls[-1] == "DELETE"  # 3 reads, each tried twice
+
+
+async def test_progress_spares_the_periodic_status_reads():
+    running = {"done": False, "faulted": False, "waiting": 0, "processing": 1, "is_possible": True, "generations": []}
+    reads: list[float] = []
+
+    def native(request: httpx.Request) -> httpx.Response:
+        reads.append(time.time())
+        return httpx.Response(200, json=DONE if time.time() > finish_at else running)
+
+    client = HordeClient("http://horde.test/api", transport=httpx.MockTransport(native))
+    wait = ChatWait(
+        request_id="r",
+        submitted_at=time.time(),
+        budget=30,
+        client=client,
+        hub=SignalHub(None),
+        cancels=CancelManager(client, 30),
+        recheck_seconds=0.4,
+        grace_seconds=30,
+        models=["m"],
+    )
+    finish_at = time.time() + 2.5
+    task = asyncio.create_task(wait.run())
+    try:
+        while time.time() < finish_at - 0.5:  # a worker posting every 50 ms
+            wait.progress_seen()
+            await asyncio.sleep(0.05)
+        during_progress = len(reads)
+        status = await asyncio.wait_for(task, 5)
+    finally:
+        await client.aclose()
+    assert status["done"] is True
+    # Without progress a 0.4 s recheck reads about 5 times in those 2 s; with it, only the first read.
+    assert during_progress <= 2
+    assert len(reads) > during_progress  # reads resume once the posts stop

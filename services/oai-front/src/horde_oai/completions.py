@@ -620,10 +620,13 @@ async def _relayed_stream(
             for event in catchup:
                 yield event
             while True:
-                out: list[str] = [] if head is None else relay.on_batch(head)
+                batches = [] if head is None else [head]
                 head = None
                 while not feed.batches.empty():
-                    out += relay.on_batch(feed.batches.get_nowait())
+                    batches.append(feed.batches.get_nowait())
+                if batches:
+                    waiter.progress_seen()
+                out: list[str] = [event for batch in batches for event in relay.on_batch(batch)]
                 out += relay.due()
                 for event in out:
                     yield event

@@ -165,6 +165,14 @@ class ChatWait:
         self.cancelled = False
         self.last_status: dict[str, Any] | None = None
         self._unanswered_reads = 0
+        self._progress_until = 0.0
+
+    def progress_seen(self) -> None:
+        """The request's worker posted progress: it is running, so the periodic status read (the fallback
+        for a lost signal) waits until ``recheck_seconds`` pass without progress. A relayed stream calls this
+        for every batch, which spares a front holding many streams most of its status reads; the signals
+        still end the wait at once."""
+        self._progress_until = time.time() + self.recheck_seconds
 
     async def cancel(self) -> None:
         """Cancel the native request once (retried in the background when it fails)."""
@@ -301,6 +309,11 @@ class ChatWait:
             if impossible_since is not None:
                 wait_for = min(wait_for, max(0.05, impossible_since + self.grace_seconds - time.time()))
             event = await sub.wait(wait_for)
+            while event is None and not fail_fast_pending and impossible_since is None:
+                quiet_until = min(self._progress_until, self.deadline)
+                if quiet_until <= time.time():
+                    break
+                event = await sub.wait(quiet_until - time.time())
             if event is not None:
                 cancelled_signal = self._note_event(event) or cancelled_signal
             elif time.time() >= self.deadline:
