@@ -273,6 +273,10 @@ async def test_extend_lease_moves_job_ttl_and_expiry(signals: redis.Redis) -> No
     assert await signals.hget(stream_lease_key(gen), LeaseField.job_ttl.value) == "250"
     # Expires at started + 250 + 90, i.e. about 240 s from now.
     assert 235 <= await signals.ttl(stream_lease_key(gen)) <= 240
+    # A lease a submit deleted meanwhile is not recreated as a partial hash.
+    await signals.delete(stream_lease_key(gen))
+    assert await extend_lease(signals, gen, started=started, job_ttl=300) is False
+    assert await signals.exists(stream_lease_key(gen)) == 0
 
 
 async def test_submit_deletes_the_lease_and_leaves_the_stream(

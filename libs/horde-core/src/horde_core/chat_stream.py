@@ -375,22 +375,35 @@ async def write_stream_leases(client: redis.Redis | None, leases: Mapping[str, S
     return True
 
 
+#: Renew a lease that still exists (a submit may have deleted it since the post was appended: writing a field
+#: would recreate a partial hash that answers later posts 403 instead of 404). KEYS[1]: the lease; ARGV: job_ttl,
+#: the new expiry (Unix seconds). Replies 1 when renewed, 0 when the lease is gone.
+EXTEND_LEASE_SCRIPT = (
+    _LUA_PRELUDE
+    + """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], LEASE.job_ttl, ARGV[1])
+redis.call('EXPIREAT', KEYS[1], tonumber(ARGV[2]))
+return 1
+"""
+)
+
+
 async def extend_lease(client: redis.Redis | None, generation_id: str, *, started: int, job_ttl: int) -> bool:
-    """Record a renewed job lease on the stream lease: ``job_ttl`` (seconds from ``started``, Unix seconds)
-    and the expiry moved to ``started + job_ttl`` plus the grace (spec: *Job lease*). Best effort: False
-    (logged) on a Redis failure; never raises."""
+    """Record a renewed job lease on the stream lease, when it still exists: ``job_ttl`` (seconds from
+    ``started``, Unix seconds) and the expiry moved to ``started + job_ttl`` plus the grace (spec: *Job
+    lease*). Best effort: False when the lease is gone, or (logged) on a Redis failure; never raises."""
     if client is None:
         return False
     key = stream_lease_key(generation_id)
     try:
-        async with client.pipeline(transaction=True) as pipe:
-            pipe.hset(key, LeaseField.job_ttl.value, job_ttl)
-            pipe.expireat(key, started + lease_expiry_seconds(job_ttl))
-            await pipe.execute()
+        renewed = await client.eval(
+            EXTEND_LEASE_SCRIPT, 1, key, job_ttl, started + lease_expiry_seconds(job_ttl)
+        )
     except Exception:
         log.warning("stream lease renewal failed", extra={"generation_id": generation_id}, exc_info=True)
         return False
-    return True
+    return bool(renewed)
 
 
 async def delete_lease(client: redis.Redis | None, generation_id: str) -> bool:
