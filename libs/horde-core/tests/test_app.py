@@ -6,9 +6,11 @@ import httpx
 import pytest
 from fastapi import APIRouter
 from horde_core.app import create_app, include_native
+from horde_core.body import read_bounded_body
 from horde_core.errors import HordeError
 from horde_core.metrics import counter
 from pydantic import BaseModel
+from starlette.requests import Request
 
 
 class Body(BaseModel):
@@ -160,3 +162,45 @@ async def test_horde_error_headers_are_sent() -> None:
     assert r.status_code == 429
     assert r.headers["retry-after"] == "1"
     assert r.json() == {"message": "Rate limit exceeded: 2 per 1 second", "rc": "RateLimitExceeded"}
+
+
+@pytest.mark.parametrize("horde_errors", [True, False])
+async def test_a_client_gone_mid_body_is_499_without_an_error_log(horde_errors: bool, caplog) -> None:
+    app = create_app("test", horde_errors=horde_errors)
+
+    @app.post("/upload")
+    async def upload(request: Request) -> dict[str, int]:
+        return {"bytes": len(await read_bounded_body(request, 1000, 5.0))}
+
+    messages = iter(
+        [
+            {"type": "http.request", "body": b"12345", "more_body": True},
+            {"type": "http.disconnect"},
+        ]
+    )
+    sent: list[dict[str, object]] = []
+
+    async def receive() -> dict[str, object]:
+        return next(messages)
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "path": "/upload",
+        "raw_path": b"/upload",
+        "query_string": b"",
+        "headers": [(b"content-length", b"1000")],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 2),
+        "scheme": "http",
+        "root_path": "",
+    }
+    caplog.set_level("ERROR")
+    await app(scope, receive, send)
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 499, sent
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]

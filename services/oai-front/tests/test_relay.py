@@ -283,3 +283,11 @@ def test_resume_of_a_whole_delivery_sends_only_the_rest_of_the_final_reply():
     assert r.resume(EventId("req", "-", 0, 4), [], now=T0) == []
     events = r.finish(completion("All of it"), include_usage=False, now=T0)
     assert deltas_of(events) == [{"content": "of it"}, {}]
+
+
+def test_line_separators_are_escaped_so_line_readers_keep_each_event_whole():
+    r = relay()
+    events = r.on_batch([delta("g1", 1, "a\u2028b\u2029c\u0085d")], now=T0)
+    for event in events:
+        assert len(event.strip("\n").splitlines()) == 2  # id: and data:, whatever the text holds
+    assert deltas_of(events)[-1] == {"content": "a\u2028b\u2029c\u0085d"}

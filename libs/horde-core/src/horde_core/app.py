@@ -18,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from horde_core.errors import HordeError
 
@@ -149,6 +150,7 @@ def create_app(
     - ``GET /readyz``: 200 when every check in ``app.state.readiness_checks`` passes within 2 s, else 503
       with each check's result.
     - ``GET /metrics``: the Prometheus text exposition of the default registry.
+    - A client that disconnects while its body is read gets 499 and no error log.
 
     ``horde_errors`` installs the Horde envelope handlers; the OpenAI front passes False and installs its own.
     """
@@ -159,6 +161,12 @@ def create_app(
     app.state.readiness_checks = {}
     if horde_errors:
         install_horde_error_handlers(app)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _client_gone(_: Request, __: ClientDisconnect) -> Response:
+        # The client hung up in the middle of its body: nobody reads an answer, and it is not our error (a
+        # generic handler would log a traceback anyone could trigger without a key).
+        return Response(status_code=499)
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:

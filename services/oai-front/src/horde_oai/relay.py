@@ -26,7 +26,6 @@ entry batches from the delta reader, asks it for due pieces, and ends it with th
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ from horde_oai.metrics import (
     STREAM_REASONING_SHARE,
 )
 from horde_oai.pacing import Pacer, Piece
+from horde_oai.streaming import sse_json
 
 WHOLE_GENERATION = "-"
 FINAL_SUFFIX = "f"
@@ -86,7 +86,7 @@ def _ascii_digits(text: str) -> bool:
 
 def sse_event(event_id: EventId | None, data: Mapping[str, Any] | str) -> str:
     """One SSE event, with an ``id:`` line when ``event_id`` is given."""
-    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    payload = data if isinstance(data, str) else sse_json(data)
     head = f"id: {event_id}\n" if event_id is not None else ""
     return f"{head}data: {payload}\n\n"
 

@@ -14,10 +14,19 @@ from typing import Any
 
 from horde_oai.errors import OpenAIError
 
+# Legal inside a JSON string and an SSE line, but line breaks to readers that split like str.splitlines()
+# (httpx's iter_lines among them), which would cut the event's JSON in two.
+_LINE_SEPARATORS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\u0085": "\\u0085"})
+
+
+def sse_json(data: Mapping[str, Any]) -> str:
+    """The JSON of one ``data:`` line: compact, UTF-8 as is, but U+2028, U+2029 and U+0085 escaped."""
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False).translate(_LINE_SEPARATORS)
+
 
 def sse(data: Mapping[str, Any]) -> str:
     """One ``data:`` event."""
-    return f"data: {json.dumps(data, separators=(',', ':'), ensure_ascii=False)}\n\n"
+    return f"data: {sse_json(data)}\n\n"
 
 
 def sse_error(error: OpenAIError) -> str:
