@@ -428,6 +428,9 @@ def test_request_faulted_by_its_workers_is_502(stack):
     assert error.status_code == 502
     assert error.body["code"] == "ChatRequestFaulted"
     assert error.body["metadata"]["request_id"]
+    assert error.body["metadata"]["fault_reason"] == "The worker's backend failed while generating."
+    # The horde restarted the job to its fault limit already: the SDK must not multiply the faults.
+    assert error.response.headers["x-should-retry"] == "false"
 
 
 def test_stream_refused_at_the_first_read_gets_the_json_error(stack):

@@ -27,7 +27,12 @@ def test_faulted_uses_the_status_reason_then_the_signal():
     )
     assert (error.status, error.code) == (502, "ChatRequestFaulted")
     assert error.message == "The AI Horde faulted the request: The worker's backend failed."
-    assert error.metadata == {"request_id": "r", "rc": "ChatWorkerFault"}
+    assert error.metadata == {
+        "request_id": "r",
+        "rc": "ChatWorkerFault",
+        "fault_reason": "The worker's backend failed.",
+    }
+    assert error.headers == {"x-should-retry": "false"}
     from_signal = faulted_error("r", None, {"fault_reason": "gone", "fault_rc": None})
     assert from_signal.message.endswith("gone")
     assert faulted_error("r", None, {}).metadata == {"request_id": "r"}
@@ -180,3 +185,11 @@ async def test_progress_spares_the_periodic_status_reads():
     # Without progress a 0.4 s recheck reads about 5 times in those 2 s; with it, only the first read.
     assert during_progress <= 2
     assert len(reads) > during_progress  # reads resume once the posts stop
+
+
+def test_the_nonstream_budget_ends_before_the_sdks_own_timeout():
+    import openai
+    from horde_oai.settings import OaiSettings
+
+    budget = OaiSettings.model_fields["oai_nonstream_timeout_seconds"].default
+    assert openai.DEFAULT_TIMEOUT.read is not None and budget < openai.DEFAULT_TIMEOUT.read

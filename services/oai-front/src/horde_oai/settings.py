@@ -20,8 +20,10 @@ class OaiSettings(HordeSettings):
     oai_redis_url: str | None = None
     # Seconds between status re-reads while waiting for a signal (also the done-without-generation recheck).
     oai_signal_recheck_seconds: float = Field(default=5.0, gt=0)
-    # Budget of a non-streamed request, from submit to the completion (spec: 408 ChatRequestTimeout).
-    oai_nonstream_timeout_seconds: float = Field(default=600.0, gt=0)
+    # Budget of a non-streamed request, from submit to the completion (spec: 408 ChatRequestTimeout). It ends
+    # before the OpenAI SDKs' default 600 s timeout, so a client gets the front's 408 (request cancelled)
+    # rather than timing out on its own and retrying into a second request.
+    oai_nonstream_timeout_seconds: float = Field(default=540.0, gt=0)
     # Budget of a streamed request.
     oai_stream_timeout_seconds: float = Field(default=600.0, gt=0)
     # How long a request the status reports impossible (no declaration gap) may wait for a worker.

@@ -60,7 +60,9 @@ def _has_progress(status: Mapping[str, Any]) -> bool:
 def faulted_error(
     request_id: str, status: Mapping[str, Any] | None, signal: Mapping[str, Any]
 ) -> OpenAIError:
-    """502 ChatRequestFaulted, with the Horde's fault reason when it gave one."""
+    """502 ChatRequestFaulted, with the Horde's fault reason (message and ``metadata.fault_reason``) and rc
+    when it gave them. ``x-should-retry: false``: the horde already restarted the job up to its fault limit, so
+    an SDK's own retries would only fault more jobs and push the model's workers into maintenance."""
     reason = (status or {}).get("fault_reason") or signal.get("fault_reason")
     rc = (status or {}).get("fault_rc") or signal.get("fault_rc")
     message = "The AI Horde faulted the request: its workers could not complete it."
@@ -69,7 +71,11 @@ def faulted_error(
     metadata: dict[str, Any] = {"request_id": request_id}
     if rc:
         metadata["rc"] = rc
-    return OpenAIError(502, message, "ChatRequestFaulted", metadata=metadata)
+    if reason:
+        metadata["fault_reason"] = reason
+    return OpenAIError(
+        502, message, "ChatRequestFaulted", metadata=metadata, headers={"x-should-retry": "false"}
+    )
 
 
 def no_generation_error(request_id: str) -> OpenAIError:
