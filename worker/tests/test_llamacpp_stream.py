@@ -16,7 +16,7 @@ import pytest
 from horde_worker.backends.llamacpp import LlamaCppBackend
 from horde_worker.backends.scripted import stream_pieces
 from horde_worker.jobs import BackendFault, ChatDelta, ChatJob, ChatOutput
-from worker_standin import chat_job
+from worker_standin import chat_job, collect
 
 
 class StoppingCriteriaList(list[Any]):
@@ -91,15 +91,6 @@ def backend_with(llm: FakeLlama) -> LlamaCppBackend:
 
 def job(text: str = "hi", **payload: Any) -> ChatJob:
     return ChatJob.from_pop(chat_job("j", text, **{"max_length": 64, "max_context_length": 2048, **payload}))
-
-
-async def collect(backend: LlamaCppBackend, j: ChatJob) -> tuple[list[ChatDelta], ChatOutput]:
-    deltas: list[ChatDelta] = []
-    async for item in backend.stream_chat(j):
-        if isinstance(item, ChatOutput):
-            return deltas, item
-        deltas.append(item)
-    raise AssertionError("no output")
 
 
 async def test_pieces_then_the_output() -> None:

@@ -22,20 +22,19 @@ from horde_worker.config import WorkerSettings
 from horde_worker.jobs import BackendFault, ChatDelta, ChatJob, ChatOutput
 from horde_worker.replies import build_chat_submit
 from horde_worker.worker import Timings, Worker
-from worker_standin import StandInBackend, StandInHorde, chat_job, sse_chunk, text_events, usage_chunk
+from worker_standin import (
+    StandInBackend,
+    StandInHorde,
+    chat_job,
+    collect,
+    sse_chunk,
+    text_events,
+    usage_chunk,
+)
 
 
 def job(text: str = "hi", **payload: Any) -> ChatJob:
     return ChatJob.from_pop(chat_job("j", text, **{"max_length": 100, "max_context_length": 1000, **payload}))
-
-
-async def collect(backend: OpenAIBackend, j: ChatJob) -> tuple[list[ChatDelta], ChatOutput]:
-    deltas: list[ChatDelta] = []
-    async for item in backend.stream_chat(j):
-        if isinstance(item, ChatOutput):
-            return deltas, item
-        deltas.append(item)
-    raise AssertionError("no output")
 
 
 async def started(server: StandInBackend) -> OpenAIBackend:

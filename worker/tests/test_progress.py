@@ -10,7 +10,6 @@ accepted posts.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import time
 from typing import Any
@@ -20,7 +19,7 @@ from horde_worker.config import WorkerSettings
 from horde_worker.metrics import WorkerMetrics
 from horde_worker.progress import JobLease
 from horde_worker.worker import Timings, Worker
-from worker_standin import StandInHorde, chat_job
+from worker_standin import StandInHorde, chat_job, serve
 
 MODEL = "scripted-model"
 INTERVAL = 0.1
@@ -48,17 +47,6 @@ def make_worker(horde: StandInHorde, timings: Timings = TIMINGS, **kw: Any) -> W
         api_key="worker-key", horde_url=horde.url, model_id=MODEL, progress_interval=INTERVAL, **kw
     )
     return Worker(settings, ScriptedBackend(), timings=timings)
-
-
-async def serve(worker: Worker, horde: StandInHorde, until: Any, within: float = 10.0) -> None:
-    """Run the worker until ``until(horde)`` holds, then stop it and wait for it to end."""
-    task = asyncio.create_task(worker.run())
-    try:
-        ok = await asyncio.to_thread(horde.wait_for, until, within)
-    finally:
-        worker.request_stop()
-        await asyncio.wait_for(task, 10)
-    assert ok, f"condition not reached; submits: {[s['body'] for s in horde.submits]}"
 
 
 def submitted(*job_ids: str) -> Any:

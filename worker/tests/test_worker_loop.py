@@ -20,7 +20,7 @@ from horde_worker import __version__
 from horde_worker.backends.scripted import GREETING, ScriptedBackend
 from horde_worker.config import WorkerSettings
 from horde_worker.worker import Timings, Worker, api_url, empty_pop_delay
-from worker_standin import StandInHorde, chat_job, text_job
+from worker_standin import StandInHorde, chat_job, serve, text_job
 
 MODEL = "scripted-model"
 WEATHER = {
@@ -42,17 +42,6 @@ def make_worker(horde: StandInHorde, fast: Timings, **kw: Any) -> Worker:
         api_key="worker-key", name="test-worker", horde_url=horde.url, model_id=MODEL, **kw
     )
     return Worker(settings, ScriptedBackend(), timings=fast)
-
-
-async def serve(worker: Worker, horde: StandInHorde, until: Any, within: float = 10.0) -> None:
-    """Run the worker until ``until(horde)`` holds, then stop it and wait for it to end."""
-    task = asyncio.create_task(worker.run())
-    try:
-        ok = await asyncio.to_thread(horde.wait_for, until, within)
-    finally:
-        worker.request_stop()
-        await asyncio.wait_for(task, 10)
-    assert ok, f"condition not reached; submits: {[s['body'] for s in horde.submits]}"
 
 
 def submitted(*job_ids: str, count: int = 1) -> Any:

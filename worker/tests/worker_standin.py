@@ -20,6 +20,7 @@ recording whether the client hung up before the end.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -516,3 +517,26 @@ class StandInBackend:
     def __exit__(self, *exc: object) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+async def serve(worker: Any, horde: StandInHorde, until: Any, within: float = 10.0) -> None:
+    """Run ``worker`` until ``until(horde)`` holds, then stop it and wait for it to end."""
+    task = asyncio.create_task(worker.run())
+    try:
+        ok = await asyncio.to_thread(horde.wait_for, until, within)
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(task, 10)
+    assert ok, f"condition not reached; submits: {[s['body'] for s in horde.submits]}"
+
+
+async def collect(backend: Any, job: Any) -> tuple[list[Any], Any]:
+    """A backend's ``stream_chat`` for ``job``: ``(deltas, final output)``."""
+    from horde_worker.jobs import ChatOutput
+
+    deltas: list[Any] = []
+    async for item in backend.stream_chat(job):
+        if isinstance(item, ChatOutput):
+            return deltas, item
+        deltas.append(item)
+    raise AssertionError("no output")

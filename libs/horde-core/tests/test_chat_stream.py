@@ -8,7 +8,6 @@ import ast
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -46,22 +45,14 @@ CHECK = lease_key_check(STORED_KEY_HASH)
 
 
 @pytest.fixture(scope="module")
-async def signals(redis_url: str) -> AsyncIterator[redis.Redis]:
-    client = signal_client(redis_url)
-    try:
-        yield client
-    finally:
-        await client.aclose()
+def signals(signal_redis: redis.Redis) -> redis.Redis:
+    return signal_redis
 
 
 @pytest.fixture(scope="module")
-async def url_db(redis_url: str) -> AsyncIterator[redis.Redis]:
-    """A client on the database the URL names (0), where nothing of the stream may land."""
-    client = redis_client(redis_url)
-    try:
-        yield client
-    finally:
-        await client.aclose()
+def url_db(url_redis: redis.Redis) -> redis.Redis:
+    """The database the URL names (0), where nothing of the stream may land."""
+    return url_redis
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,6 @@ from horde_core.chat_stream import (
     write_stream_leases,
 )
 from horde_core.grpc import insecure_channel
-from horde_core.redis_keys import CHAT_SIGNAL_DB, redis_client, signal_client
 from horde_store.users import hash_api_key
 from horde_submit import pricing
 from horde_submit.app import create_app
@@ -32,24 +31,15 @@ SUBMIT = "/v2/generate/text/submit"
 
 
 @pytest.fixture(scope="module")
-async def signal_db(redis_url: str) -> AsyncIterator[redis.Redis]:
+def signal_db(signal_redis: redis.Redis) -> redis.Redis:
     """The chat signal database (7), where leases and streams live."""
-    client = signal_client(redis_url)
-    try:
-        yield client
-    finally:
-        await client.aclose()
+    return signal_redis
 
 
 @pytest.fixture(scope="module")
-async def url_db(redis_url: str) -> AsyncIterator[redis.Redis]:
+def url_db(url_redis: redis.Redis) -> redis.Redis:
     """The database the Redis URL names (0): nothing of the progress stream may land there."""
-    client = redis_client(redis_url)
-    assert client.connection_pool.connection_kwargs["db"] != CHAT_SIGNAL_DB
-    try:
-        yield client
-    finally:
-        await client.aclose()
+    return url_redis
 
 
 async def streamed_job(

@@ -21,6 +21,10 @@ Module-scoped (fresh per test module):
   (WITH FORCE) after the module.
 * ``redis_url`` -> ``str``: ``redis://127.0.0.1:<port>/0`` of the session's server, FLUSHALLed before
   the module (all dbs, the completion-signal db 7 included).
+* ``signal_redis`` -> an asyncio Redis client on the chat signal database (7), where signals, stream leases
+  and progress streams live.
+* ``url_redis`` -> an asyncio Redis client on the database ``redis_url`` names (not 7), for asserting that
+  nothing of the signal database lands there.
 * ``horde_settings_env`` -> ``dict[str, str]``: ``HORDE_DATABASE_URL`` (= ``database_url``),
   ``HORDE_REDIS_URL``, ``HORDE_S3_*`` and ``HORDE_SECRET_KEY`` (:data:`TEST_SECRET_KEY`), ready to be
   passed to a launched service or to ``HordeSettings``.
@@ -37,7 +41,8 @@ from __future__ import annotations
 import itertools
 import os
 import secrets
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -147,6 +152,31 @@ def redis_url(redis_server: RedisStore) -> str:
         finally:
             client.close()
     return redis_server.url
+
+
+@pytest.fixture(scope="module")
+async def signal_redis(redis_url: str) -> AsyncIterator[Any]:
+    """A client on the chat signal database (7) of ``redis_url``'s server."""
+    from horde_core.redis_keys import signal_client
+
+    client = signal_client(redis_url)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture(scope="module")
+async def url_redis(redis_url: str) -> AsyncIterator[Any]:
+    """A client on the database ``redis_url`` names, which is not the signal database."""
+    from horde_core.redis_keys import CHAT_SIGNAL_DB, redis_client
+
+    client = redis_client(redis_url)
+    assert client.connection_pool.connection_kwargs["db"] != CHAT_SIGNAL_DB
+    try:
+        yield client
+    finally:
+        await client.aclose()
 
 
 @pytest.fixture(scope="session")
