@@ -74,6 +74,21 @@ def test_image_refusals(refusal: Any) -> None:
         path,
         f"'{path}': the image is 4000x3000 pixels; at most 9437184 pixels (3072x3072) are allowed.",
     )
+    # A decompression bomb reports only its pixel count.
+    refusal(
+        hc.source_image_resolution_error(path, pixels=225_000_000),
+        400,
+        "SourceImageResolutionExceeded",
+        path,
+        f"'{path}': the image is 225000000 pixels; at most 9437184 pixels (3072x3072) are allowed.",
+    )
+    refusal(
+        hc.source_image_resolution_error(path),
+        400,
+        "SourceImageResolutionExceeded",
+        path,
+        f"'{path}': the image has too many pixels; at most 9437184 pixels (3072x3072) are allowed.",
+    )
     refusal(
         hc.source_image_unreadable_error(path),
         400,

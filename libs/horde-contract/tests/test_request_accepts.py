@@ -294,9 +294,10 @@ def test_openai_guards_json_word() -> None:
 
 
 def test_defer_length_limits_and_final_validation(refusal: Any) -> None:
-    body = {"model": "m", "messages": [USER], "max_tokens": 40000, "horde": {"max_context_length": 100}}
+    # Deferred: the context range waits for sizing; max_tokens keeps its whole range, 16 to 16384.
+    body = {"model": "m", "messages": [USER], "max_tokens": 16384, "horde": {"max_context_length": 100}}
     request = hc.parse_chat_request(body, defer_length_limits=True)
-    assert request.max_length == 40000
+    assert request.max_length == 16384
     with pytest.raises(hc.ChatContractError) as info:
         hc.parse_chat_request(dict(body, max_tokens=15), defer_length_limits=True)
     assert info.value.param == "max_tokens"
@@ -313,7 +314,8 @@ def test_defer_length_limits_and_final_validation(refusal: Any) -> None:
     )
     with pytest.raises(hc.ChatContractError) as info:
         hc.validate_chat_text_params(
-            dict(request.text_params, max_context_length=8192), length_key="max_completion_tokens"
+            dict(request.text_params, max_length=40000, max_context_length=65536),
+            length_key="max_completion_tokens",
         )
     assert info.value.param == "max_completion_tokens"
 
@@ -328,3 +330,29 @@ def test_json_word_search_reads_every_text_part() -> None:
         [{"role": "user", "content": parts[:2]}, {"role": "user", "content": parts}]
     )
     assert not hc.messages_mention_json([{"role": "user", "content": parts[:2]}])
+
+
+@pytest.mark.parametrize("defer", [False, True])
+@pytest.mark.parametrize("value", [16385, 20000, 40000])
+@pytest.mark.parametrize("key", ["max_tokens", "max_completion_tokens"])
+def test_token_limit_above_16384_is_refused_not_lowered(
+    refusal: Any, defer: bool, value: int, key: str
+) -> None:
+    """chat-requests.md *Request body*: max_length is 16 to 16384 and an out-of-range value is the text
+    params' 400 validation error, never clamped, with or without the deferred (admission, front) parse."""
+    body = {"model": "m", "messages": [USER], key: value}
+    with pytest.raises(hc.ChatContractError) as info:
+        hc.parse_chat_request(body, defer_length_limits=defer)
+    refusal(
+        info.value,
+        400,
+        "BadRequest",
+        key,
+        f"'{key}': Input payload validation failed: max_length: Input should be less than or equal to 16384",
+    )
+    assert (
+        info.value.openai_message == f"Invalid value for '{key}': Input should be less than or equal to 16384"
+    )
+    assert info.value.to_body()["errors"] == {"max_length": "Input should be less than or equal to 16384"}
+    edge = hc.parse_chat_request(dict(body, **{key: 16384}), defer_length_limits=defer)
+    assert edge.max_length == 16384

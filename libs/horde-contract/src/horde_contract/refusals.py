@@ -112,14 +112,23 @@ def check_image_total(total: int, *, trusted: bool, encoded: bool = False) -> No
         raise source_image_total_error(total, cap, encoded=encoded)
 
 
-def source_image_resolution_error(path: str, width: int, height: int) -> ChatContractError:
-    """400 SourceImageResolutionExceeded: more than MAX_CHAT_IMAGE_PIXELS, read from the header."""
-    return path_error(
-        400,
-        RC.SourceImageResolutionExceeded,
-        path,
-        f"the image is {width}x{height} pixels; at most {MAX_CHAT_IMAGE_PIXELS} pixels (3072x3072) are allowed.",
-    )
+def source_image_resolution_error(
+    path: str, width: int | None = None, height: int | None = None, *, pixels: int | None = None
+) -> ChatContractError:
+    """400 SourceImageResolutionExceeded: more than MAX_CHAT_IMAGE_PIXELS, read from the header.
+
+    The message states ``width``x``height`` when both are known; otherwise the pixel count ``pixels`` (as
+    from a decoder's decompression-bomb guard, which reports only the count) or that the image is larger than
+    the cap. Spec: chat-requests.md *Images*.
+    """
+    cap = f"at most {MAX_CHAT_IMAGE_PIXELS} pixels (3072x3072) are allowed."
+    if width is not None and height is not None:
+        size = f"the image is {width}x{height} pixels"
+    elif pixels is not None:
+        size = f"the image is {pixels} pixels"
+    else:
+        size = "the image has too many pixels"
+    return path_error(400, RC.SourceImageResolutionExceeded, path, f"{size}; {cap}")
 
 
 def source_image_unreadable_error(path: str) -> ChatContractError:

@@ -30,6 +30,7 @@ from .limits import (
     DEFAULT_CHAT_MAX_TOKENS,
     MAX_CHAT_IMAGE_COUNT,
     MAX_CHAT_IMAGE_TOTAL_BYTES,
+    MAX_CHAT_MAX_TOKENS,
     MAX_CHAT_MESSAGE_COUNT,
     MAX_CHAT_MODEL_COUNT,
     MAX_CHAT_SCHEMA_NESTING,
@@ -121,44 +122,62 @@ _CHAT_PARAM_PATHS = {"stop_sequence": "stop", "max_context_length": "horde.max_c
 
 
 class ChatHordeOptions(BaseModel):
-    """The ``horde`` extension object: request options OpenAI has no key for.
+    """AI Horde request options OpenAI has no key for. Unknown keys are refused."""
 
-    Validated by :func:`parse_horde_options` (also used by the front, so both accept the same keys and
-    values). Spec: chat-requests.md *Request body* (the horde table).
-    """
+    # Validated by parse_horde_options (also used by the front, so both accept the same keys and values). Each
+    # field's docstring is its public description in the front's OpenAPI document (use_attribute_docstrings).
+    # Spec: chat-requests.md *Request body* (the horde table).
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    only: list[str] | None = None
+    """Only these worker ids serve the request."""
 
-    only: list[str] | None = Field(default=None, description="Only these worker ids serve the request.")
-    ignore: list[str] | None = Field(
-        default=None, description="These worker ids never serve it; not with only."
-    )
-    trusted_workers: bool = Field(
-        default=False, description="Only trusted workers serve it, as on text requests."
-    )
-    validated_backends: bool = Field(default=False, description="Only validated backends serve it.")
-    slow_workers: bool = Field(default=True, description="Slow workers may serve it, as on text requests.")
-    max_context_length: int | None = Field(default=None, description="An explicit context length in tokens.")
-    context_fit: ChatContextFit = Field(
-        default=ChatContextFit.truncate_oldest, description="grow, reject or truncate_oldest (the default)."
-    )
-    conformance: ChatConformance = Field(
-        default=ChatConformance.strict, description="strict needs every guarantee; best_effort drops that."
-    )
-    openai_guards: bool = Field(
-        default=False, description="Apply OpenAI's refusals the Horde relaxes on purpose."
-    )
-    include_reasoning: bool = Field(
-        default=True, description="Read by the OpenAI front: return the reasoning."
-    )
-    availability_mode: ChatAvailabilityMode = Field(
-        default=ChatAvailabilityMode.wait, description="Read by the OpenAI front: wait or fail_fast."
-    )
-    max_kudos: int | None = Field(default=None, description="A cap on the request's kudos estimate.")
-    dry_run: bool = Field(default=False, description="Return the kudos cost without queueing.")
-    operation_key: str | None = Field(
-        default=None, description="A UUID claiming the submission for its user."
-    )
+    ignore: list[str] | None = None
+    """These worker ids never serve it; cannot be combined with `only`."""
+
+    trusted_workers: bool = False
+    """Only trusted workers serve it, as on text requests."""
+
+    validated_backends: bool = False
+    """Only validated backends serve it, as on text requests."""
+
+    slow_workers: bool = True
+    """Slow workers may serve it, as on text requests."""
+
+    max_context_length: int | None = None
+    """An explicit context length in tokens."""
+
+    context_fit: ChatContextFit = ChatContextFit.truncate_oldest
+    """What to do when the messages do not fit the context: `grow` it up to the largest context an online chat
+    worker serving the model declares, `reject` the request, or `truncate_oldest` (the default): grow, then drop
+    whole turns from the oldest forward until the messages fit."""
+
+    conformance: ChatConformance = ChatConformance.strict
+    """`strict` (the default): only workers declaring every guarantee the request needs serve it;
+    `best_effort` drops that requirement."""
+
+    openai_guards: bool = False
+    """Apply the request refusals OpenAI applies and the AI Horde relaxes on purpose, such as a `json_object`
+    response format without the word "json" in the messages."""
+
+    include_reasoning: bool = True
+    """Read by the OpenAI-compatible front: return the model's reasoning as `reasoning_content` unless false."""
+
+    availability_mode: ChatAvailabilityMode = ChatAvailabilityMode.wait
+    """Read by the OpenAI-compatible front: `wait` (the default) queues the request for the front's time budget;
+    `fail_fast` refuses it at once when no eligible worker can take it, or the estimated wait is over the time
+    left in the budget."""
+
+    max_kudos: int | None = None
+    """A cap on the request's kudos estimate: a request whose estimate is above it is refused before it is
+    queued. The estimate assumes the full completion limit is generated."""
+
+    dry_run: bool = False
+    """Return the kudos cost without queueing."""
+
+    operation_key: str | None = None
+    """A UUID identifying one submission: a submit repeated with the same key and body returns the request the
+    first one created."""
 
 
 HORDE_OPTION_DEFAULTS: Mapping[str, Any] = {
@@ -789,10 +808,13 @@ def parse_chat_request(body: Any, *, defer_length_limits: bool = False) -> ChatR
     empty values, out-of-range text params), TooManyExtraSourceImages and SourceImageSizeExceeded (the 25 MiB
     data URL total). A null optional value is the same as leaving it out.
 
-    ``defer_length_limits``: admission lowers max_length to the workers' largest before validating the params
-    (chat-requests.md route steps 7–8); with it set, max_length is checked only against its floor (16) and
-    max_context_length only for being positive, and the caller validates the final values with
-    :func:`validate_chat_text_params`. Without it every range is checked here.
+    ``defer_length_limits``: admission lowers max_length to the workers' largest and sizes the context before
+    validating the final params (chat-requests.md route steps 7–8); with it set, max_length (max_tokens or
+    max_completion_tokens) is still held to its whole range, 16 to 16384 (MIN_CHAT_MAX_TOKENS,
+    MAX_CHAT_MAX_TOKENS: a value outside it is refused, never lowered), max_context_length is checked only for
+    being positive, and the caller validates the final values with :func:`validate_chat_text_params`. Without
+    it every range is checked here. A max_length refusal is 400 BadRequest with ``param`` the key the client
+    sent (max_completion_tokens when it sent that key, max_tokens otherwise).
     Spec: chat-requests.md *Request body*, *Images*, *Tools*, *Refused keys and values*.
     """
     if not isinstance(body, dict):
@@ -907,9 +929,13 @@ def parse_chat_request(body: Any, *, defer_length_limits: bool = False) -> ChatR
 
 
 class _DeferredChatTextParams(ChatTextParams):
-    """ChatTextParams with the length ranges left to :func:`validate_chat_text_params`."""
+    """ChatTextParams with the context range left to :func:`validate_chat_text_params`.
 
-    max_length: Annotated[StrictInt, Field(ge=MIN_CHAT_MAX_TOKENS)] | None = None
+    max_length keeps its whole range (16 to 16384, chat-requests.md *Request body*): lowering to the workers'
+    largest declared max_length applies only to a value inside it.
+    """
+
+    max_length: Annotated[StrictInt, Field(ge=MIN_CHAT_MAX_TOKENS, le=MAX_CHAT_MAX_TOKENS)] | None = None
     max_context_length: Annotated[StrictInt, Field(ge=1)] | None = None
 
 

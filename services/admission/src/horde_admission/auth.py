@@ -65,15 +65,20 @@ def _from_store(found: users.AuthenticatedUser) -> Requester:
     )
 
 
-async def authenticate(conn: Conn, apikey: str | None, salt: str) -> Requester:
-    """The requester for ``apikey``.
-
-    401 InvalidAPIKey for a missing or unknown key; 403 DeletedUser; for a shared key 403 SharedKeyExpired
-    and 403 SharedKeyEmpty (kudos 0). Text path §1, §5.
-    """
+async def resolve_api_key(conn: Conn, apikey: str | None, salt: str) -> users.AuthenticatedUser | None:
+    """The user ``apikey`` resolves to (a shared key's owner, with the key), or None for a missing or
+    unknown key. Refuses nothing: :func:`admit` applies the refusals. One query per step taken."""
     if not apikey:
-        raise invalid_api_key()
-    found = await users.authenticate(conn, apikey, salt)
+        return None
+    return await users.authenticate(conn, apikey, salt)
+
+
+def admit(found: users.AuthenticatedUser | None) -> Requester:
+    """The requester for a resolved key, with every refusal of a new submission.
+
+    401 InvalidAPIKey for a missing or unknown key (``found`` None); 403 DeletedUser; for a shared key 403
+    SharedKeyExpired and 403 SharedKeyEmpty (kudos 0). Text path §1, §5.
+    """
     if found is None:
         raise invalid_api_key()
     if found.deleted:
@@ -87,10 +92,23 @@ async def authenticate(conn: Conn, apikey: str | None, salt: str) -> Requester:
     return _from_store(found)
 
 
-async def try_authenticate(conn: Conn, apikey: str | None, salt: str) -> Requester | None:
-    """As :func:`authenticate`, None instead of a refusal (the operation key lookup runs before the auth
-    step of the route order)."""
-    try:
-        return await authenticate(conn, apikey, salt)
-    except HordeError:
+async def authenticate(conn: Conn, apikey: str | None, salt: str) -> Requester:
+    """The requester for ``apikey`` (:func:`resolve_api_key`, then :func:`admit` and its refusals).
+
+    401 InvalidAPIKey for a missing or unknown key; 403 DeletedUser; for a shared key 403 SharedKeyExpired
+    and 403 SharedKeyEmpty (kudos 0). Text path §1, §5.
+    """
+    return admit(await resolve_api_key(conn, apikey, salt))
+
+
+def operation_key_owner(found: users.AuthenticatedUser | None) -> int | None:
+    """The user id an operation key is claimed for (spec: Operation key): the key's user, the owner when it
+    is a shared key, or None for a missing or unknown key or a deleted user.
+
+    A shared key's expiry and kudos are not checked: a retry of a submit that used up or outlived its shared
+    key still finds the request that submit created (200 ``{id, kudos}``), and nothing is created on this
+    path. A submission whose key finds no claim is admitted with :func:`admit`, which refuses such a key.
+    """
+    if found is None or found.deleted:
         return None
+    return int(found.id)

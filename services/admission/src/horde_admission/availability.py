@@ -3,7 +3,9 @@
 Spec: chat-requests.md **Known models** (404 UnknownChatModel, 403 NoEligibleWorker), **Context adjustments**
 (max_length lowering, growth bound), **Impossible reason**, **Free output allowance** (eligible threads and
 speed). The text model reference (``HORDE_TEXT_MODEL_REFERENCE``, loaded at process start) is in memory; the
-worker pool is asked about a model only when the reference does not list it.
+worker pool is asked about a model only when the reference does not list it. A model is known while an
+online chat worker (checked in within 300 s) serves it, paused or in maintenance included; it is served only
+by the workers that take this requester's jobs.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import grpc
@@ -48,7 +50,11 @@ class RequestNeeds:
 
 @dataclass
 class Availability:
-    """GetAvailabilityResponse as plain values (JSON-cacheable)."""
+    """GetAvailabilityResponse as plain values (JSON-cacheable).
+
+    ``known_workers``: online chat workers serving a requested model, paused or in maintenance included (the
+    model is known); ``serving_workers``: those that serve this requester (the model is served).
+    """
 
     serving_workers: int = 0
     max_chat_context_length: int = 0
@@ -58,11 +64,19 @@ class Availability:
     tokens_per_second: float = 0.0
     missing_declarations: list[str] = field(default_factory=list)
     exceeded_limits: list[str] = field(default_factory=list)
+    known_workers: int = 0
+
+    @property
+    def model_known(self) -> bool:
+        """Whether an online chat worker serves a requested model, paused or in maintenance included (a
+        served model is known even from a dispatch that does not report ``known_workers``)."""
+        return self.known_workers > 0 or self.serving_workers > 0
 
     @classmethod
     def from_proto(cls, r: worker_pool_pb2.GetAvailabilityResponse) -> Availability:
         gap = r.declaration_gap if r.HasField("declaration_gap") else None
         return cls(
+            known_workers=r.known_workers,
             serving_workers=r.serving_workers,
             max_chat_context_length=r.max_chat_context_length,
             max_chat_length=r.max_chat_length,
@@ -140,16 +154,19 @@ async def check_models(
 ) -> Availability:
     """Refuse unknown or unserved models, then return the request's availability (spec: Known models).
 
-    A model is known when ``reference`` lists it or an online chat worker serves it. One GetAvailability for
-    the whole request (the growth bound, lowering and allowance inputs, and whether any requested model is
-    served). With several models it also asks, concurrently, about each entry the reference does not list, so
-    the first unknown entry is refused with its path; an unknown entry is never dropped.
+    A model is known when ``reference`` lists it or an online chat worker (checked in within 300 s) serves
+    it, paused or in maintenance included: 404 UnknownChatModel only without either. A known model without a
+    worker that serves this requester is 403 NoEligibleWorker. One GetAvailability for the whole request (the
+    growth bound, lowering and allowance inputs, and whether any requested model is known and served). With
+    several models it also asks, concurrently, about each entry the reference does not list, so the first
+    unknown entry is refused with its path; an unknown entry is never dropped. 503 WorkerPoolUnavailable when
+    dispatch does not answer.
     """
     whole = await get_availability(stub, needs, deadline)
     models = needs.models
     if len(models) == 1:
         if whole.serving_workers == 0:
-            if not reference.is_known(models[0]):
+            if not whole.model_known and not reference.is_known(models[0]):
                 raise unknown_model_error(models[0], None if single_model_key else 0)
             raise no_serving_worker_error(models, single_model_key)
         return whole
@@ -158,7 +175,7 @@ async def check_models(
         *(get_availability(stub, RequestNeeds(models=[model]), deadline) for _, model in unlisted)
     )
     for (index, model), found in zip(unlisted, per_model, strict=True):
-        if found.serving_workers == 0:
+        if not found.model_known:
             raise unknown_model_error(model, index)
     if whole.serving_workers == 0:
         raise no_serving_worker_error(models, single_model_key)
@@ -186,4 +203,7 @@ async def cached_availability(redis: Any, request_id: str) -> Availability | Non
     except Exception:
         log.warning("availability cache read failed", exc_info=True)
         return None
-    return Availability(**json.loads(raw)) if raw else None
+    if not raw:
+        return None
+    names = {f.name for f in fields(Availability)}
+    return Availability(**{k: v for k, v in json.loads(raw).items() if k in names})

@@ -12,9 +12,11 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from horde_core.errors import HordeError
+from horde_store.users import AuthenticatedUser
 
 from horde_admission import contract, images, kudos, store
-from horde_admission.auth import Requester, authenticate, try_authenticate
+from horde_admission.auth import Requester, admit, authenticate, operation_key_owner, resolve_api_key
 from horde_admission.availability import (
     RequestNeeds,
     cache_availability,
@@ -23,12 +25,19 @@ from horde_admission.availability import (
 )
 from horde_admission.body import parse_json_object, read_bounded_body
 from horde_admission.checks import (
+    SHARED_KEY_KUDOS_REFUSALS,
     check_concurrency,
     check_shared_key,
     check_workers_exist,
     client_agent,
 )
-from horde_admission.creation import create_or_refuse, free_allowance, horde_tax, needs_upfront
+from horde_admission.creation import (
+    create_or_refuse,
+    free_allowance,
+    horde_tax,
+    needs_upfront,
+    record_decision,
+)
 from horde_admission.lifecycle import cancel_and_report, read_status_body
 from horde_admission.sizing import lower_max_length, size_context
 from horde_admission.state import get_state
@@ -92,21 +101,28 @@ async def chat_async(request: Request) -> JSONResponse:
     horde = chat.horde
     apikey = request.headers.get("apikey")
 
-    requester: Requester | None = None
+    requester: Requester
+    found: AuthenticatedUser | None = None
     fingerprint: str | None = None
     op_key = horde.operation_key if not horde.dry_run else None
     if op_key:
+        # The claim belongs to the key's user (a shared key's owner), found before the auth step: a retry
+        # is answered even when the first submit used up or outlived its shared key. Nothing is created on
+        # this path; a submission without a claim is admitted below with every refusal.
         fingerprint = contract.build_operation_fingerprint(chat)
         async with state.pool.acquire() as conn:
-            requester = await try_authenticate(conn, apikey, settings.secret_key)
-            if requester is not None:
-                claim = await store.find_operation_claim(conn, requester.user_id, op_key)
+            found = await resolve_api_key(conn, apikey, settings.secret_key)
+            owner = operation_key_owner(found)
+            if owner is not None:
+                claim = await store.find_operation_claim(conn, owner, op_key)
                 if claim is not None:
                     return _repeated(claim, fingerprint)
 
     if not settings.chat_admission_enabled:
         raise contract.chat_admission_disabled_error()
-    if requester is None:
+    if op_key:
+        requester = admit(found)
+    else:
         async with state.pool.acquire() as conn:
             requester = await authenticate(conn, apikey, settings.secret_key)
     await check_workers_exist(state, list(horde.only or horde.ignore or []))
@@ -179,6 +195,7 @@ async def chat_async(request: Request) -> JSONResponse:
             },
         )
 
+    allowance = await free_allowance(state, list(chat.models), availability, requester, chat=True)
     if requester.shared_key_id is not None:
         key_amount = kudos.shared_key_amount(
             list(chat.models),
@@ -188,8 +205,12 @@ async def chat_async(request: Request) -> JSONResponse:
             tax,
             reference=state.model_reference,
         )
-        check_shared_key(requester, sized.max_length, key_amount, availability)
-    allowance = await free_allowance(state, list(chat.models), availability, requester, chat=True)
+        try:
+            check_shared_key(requester, sized.max_length, key_amount, availability)
+        except HordeError as exc:
+            if exc.rc in SHARED_KEY_KUDOS_REFUSALS:
+                record_decision(requester, "refused", chat.max_length, allowance, chat=True)
+            raise
     lists_workers = bool(horde.only or horde.ignore)
     needs_hold = needs_upfront(settings, sized.max_length, allowance, horde.slow_workers, lists_workers)
     hold = (

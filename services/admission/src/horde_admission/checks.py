@@ -58,12 +58,18 @@ def client_agent(request: Request) -> str:
     return request.headers.get("Client-Agent") or "unknown:0:unknown"
 
 
+#: The rcs of :func:`check_shared_key`'s kudos refusal (counted as refused on
+#: ``horde.text.free_allowance.decisions``, spec: Free output allowance).
+SHARED_KEY_KUDOS_REFUSALS = frozenset({"SharedKeyInsufficientKudos", "NoEligibleWorker"})
+
+
 def check_shared_key(
     requester: Requester, max_length: int, amount: float, availability: Availability
 ) -> None:
-    """A shared key's limits (text path §5): 400 above its max_text_tokens, 403 SharedKeyInsufficientKudos
-    when ``amount`` (:func:`kudos.shared_key_amount`: the estimate at the highest multiplier across the
-    list) exceeds its kudos (403 NoEligibleWorker instead when no online worker can serve)."""
+    """A shared key's limits (text path §5): 400 BadRequest above its max_text_tokens, 403
+    SharedKeyInsufficientKudos when ``amount`` (:func:`kudos.shared_key_amount`: the estimate at the highest
+    multiplier across the list) exceeds its kudos (403 NoEligibleWorker instead when no online worker can
+    serve). The kudos refusals' rcs are :data:`SHARED_KEY_KUDOS_REFUSALS`."""
     if requester.shared_key_id is None:
         return
     limit = requester.shared_key_max_text_tokens

@@ -43,6 +43,24 @@ async def free_allowance(
     return kudos.free_output_allowance(state.settings, wait)
 
 
+def record_decision(
+    requester: Requester, outcome: str, requested_length: int, allowance: int, *, chat: bool
+) -> None:
+    """Count one request creation on ``horde.text.free_allowance.decisions`` (spec: Free output allowance).
+
+    ``outcome`` is free, funded, refused (KudosUpfront, SharedKeyInsufficientKudos, or NoEligibleWorker in
+    their place) or downgraded; ``requested_length`` the max_length the request asked for (tokens, before
+    any lowering or downgrade) and ``allowance`` its free output allowance (tokens). Not for dry runs.
+    """
+    kudos.FREE_ALLOWANCE_DECISIONS.labels(
+        requester.kind,
+        outcome,
+        size_bucket(requested_length),
+        size_bucket(allowance),
+        "true" if chat else "false",
+    ).inc()
+
+
 def needs_upfront(
     settings: AdmissionSettings, max_length: int, allowance: int, slow_workers: bool, lists_workers: bool
 ) -> bool:
@@ -70,8 +88,6 @@ async def create_or_refuse(
     deletes the row: 503 ChatImageStorageUnavailable), then the request is activated; a failed activation
     deletes the row and the images. Raises :class:`store.OperationKeyRace` for a lost operation key race.
     """
-    chat_attr = "true" if new.is_chat else "false"
-    buckets = (size_bucket(requested_length), size_bucket(allowance))
     try:
         if not jpegs:
             async with state.pool.acquire() as conn:
@@ -79,12 +95,12 @@ async def create_or_refuse(
         else:
             request_id = await _create_with_images(state, new, hold, jpegs)
     except store.HoldRefused:
-        kudos.FREE_ALLOWANCE_DECISIONS.labels(requester.kind, "refused", *buckets, chat_attr).inc()
+        record_decision(requester, "refused", requested_length, allowance, chat=new.is_chat)
         if availability.eligible_workers == 0:
             raise kudos.no_eligible_worker_for_kudos(availability.impossible_reason()) from None
         raise kudos.kudos_upfront_error(allowance, hold) from None
     outcome = "funded" if hold > 0 else "free"
-    kudos.FREE_ALLOWANCE_DECISIONS.labels(requester.kind, outcome, *buckets, chat_attr).inc()
+    record_decision(requester, outcome, requested_length, allowance, chat=new.is_chat)
     return request_id
 
 

@@ -14,6 +14,7 @@ import copy
 import io
 import ipaddress
 import logging
+import re
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from horde_contract.limits import (
     MAX_CHAT_IMAGE_PIXELS,
 )
 from horde_core.redis_keys import CHAT_IMAGE_DELETE_RETRY_KEY
-from horde_store.objects import chat_image_key
+from horde_store.objects import chat_image_key, delete_objects
 from PIL import Image, UnidentifiedImageError
 
 from horde_admission import contract
@@ -174,17 +175,30 @@ class ImageFetcher:
         raise contract.source_image_url_refused_error(part.path)
 
 
+_BOMB_PIXELS = re.compile(r"\((\d+) pixels\)")
+
+
+def _bomb_pixels(exc: Image.DecompressionBombError) -> int | None:
+    """The pixel count Pillow's decompression-bomb guard reports (``Image size (N pixels) exceeds ...``)."""
+    match = _BOMB_PIXELS.search(str(exc))
+    return int(match.group(1)) if match else None
+
+
 def normalise(data: bytes, path: str) -> bytes:
     """The image as stored: RGB (transparency flattened onto white), longest side at most 2048, JPEG at
     quality 90. 400 SourceImageResolutionExceeded above 3072*3072 pixels (read from the header before
-    decoding), 400 SourceImageUnreadable when the bytes are not a readable image."""
+    decoding), including an image Pillow's guard refuses as a decompression bomb (``DecompressionBombError``,
+    raised while the header is read, before our own check sees the size); 400 SourceImageUnreadable when the
+    bytes are not a readable image. Spec: chat-requests.md *Images*."""
     try:
         image: Image.Image = Image.open(io.BytesIO(data))
         width, height = image.size
         if width * height > MAX_CHAT_IMAGE_PIXELS:
             raise contract.source_image_resolution_error(path, width, height)
         image.load()
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
+    except Image.DecompressionBombError as exc:
+        raise contract.source_image_resolution_error(path, pixels=_bomb_pixels(exc)) from None
+    except (UnidentifiedImageError, OSError, ValueError):
         raise contract.source_image_unreadable_error(path) from None
     if image.mode in ("RGBA", "LA") or (image.mode == "P" and "transparency" in image.info):
         rgba = image.convert("RGBA")
@@ -274,20 +288,14 @@ class ImageStore:
         return stored
 
     async def delete(self, keys: Sequence[str]) -> None:
-        """Delete ``keys``; a failure is logged (the janitor's retry set is not written from here)."""
+        """Delete ``keys``; each key the store does not delete (a failed call, or a per-key error in the
+        answer: ``horde_store.objects.delete_objects``) is queued in the retry set the janitor drains."""
         if not keys:
             return
-        try:
-            await asyncio.to_thread(
-                self.client.delete_objects,
-                Bucket=self.bucket,
-                Delete={"Objects": [{"Key": k} for k in keys], "Quiet": True},
-            )
-        except Exception:
-            log.warning(
-                "chat image delete failed; queued for retry", extra={"keys": list(keys)}, exc_info=True
-            )
-            await self._queue_retry(keys)
+        failed = await asyncio.to_thread(delete_objects, self.client, self.bucket, keys)
+        if failed:
+            log.warning("chat image delete failed; queued for retry", extra={"keys": failed})
+            await self._queue_retry(failed)
 
     async def _queue_retry(self, keys: Sequence[str]) -> None:
         try:

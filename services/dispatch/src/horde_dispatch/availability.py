@@ -1,14 +1,16 @@
 """Worker availability for a request: what ``WorkerPoolService.GetAvailability`` answers.
 
-Spec: chat-requests.md *Known models* (online = checked in within 300 s; count and largest chat limits of
-the chat workers serving the models), *Eligibility* (rules 1–4), *Job lease* (the speed gate, 10 tok/s for
-an unmeasured worker), *Impossible reason* (the declaration gap), *Free output allowance* (eligible threads
-and tokens per second, each worker counted once per thread).
+Spec: chat-requests.md *Known models* (online = checked in within 300 s; a model is known while such a
+chat worker serves it, paused or in maintenance included; count and largest chat limits of the chat workers
+serving the models), *Eligibility* (rules 1–4), *Job lease* (the speed gate, 10 tok/s for an unmeasured
+worker), *Impossible reason* (the declaration gap, naming ``image_transports`` only for a worker that declares
+vision), *Free output allowance* (eligible threads and tokens per second, each worker counted once per
+thread).
 
-One statement reads the online chat workers serving any requested model (``ix_workers_chat_model_id``);
-the rules run here, through ``horde_contract.chat_refusal_reasons``, as ``can_generate`` does upstream. The
-size limits are not applied in SQL, so a worker below them is refused here and its refusal counts toward
-the gap.
+One statement reads the online chat workers serving any requested model (``ix_workers_chat_model_id``),
+paused and in maintenance included, each flagged whether it serves this requester; the rules run here,
+through ``horde_contract.chat_refusal_reasons``, as ``can_generate`` does upstream. The size limits are not
+applied in SQL, so a worker below them is refused here and its refusal counts toward the gap.
 """
 
 from __future__ import annotations
@@ -19,7 +21,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
-from horde_contract import ONLINE_WORKER_SECONDS, ChatDeclaration, chat_refusal_reasons, declaration_gap
+from horde_contract import (
+    ONLINE_WORKER_SECONDS,
+    ChatDeclaration,
+    ChatFeature,
+    chat_refusal_reasons,
+    declaration_gap,
+)
+from horde_contract.requirements import IMAGE_TRANSPORTS_REASON
 
 from .lease import effective_speed, lease_capacity
 from .queue import SLOW_WORKER_SPEED
@@ -51,8 +60,13 @@ class AvailabilityQuery:
 @dataclass(slots=True)
 class Availability:
     """The answer: counts, largest chat limits (tokens), eligible workers/threads, tokens/s and the gap
-    (``{"kind": "declaration_gap", "missing_declarations", "exceeded_limits"}`` or None)."""
+    (``{"kind": "declaration_gap", "missing_declarations", "exceeded_limits"}`` or None).
 
+    ``known_workers`` counts every online chat worker serving a requested model, paused or in maintenance
+    included (whether the model is known); ``serving_workers`` and everything else count only the workers
+    that serve this requester (not paused or in maintenance, unless the requester owns them)."""
+
+    known_workers: int = 0
     serving_workers: int = 0
     max_chat_context_length: int = 0
     max_chat_length: int = 0
@@ -63,16 +77,17 @@ class Availability:
     eligible_worker_ids: list[str] = field(default_factory=list)
 
 
-# Online chat workers serving any of the models; a worker in maintenance or paused counts only for its
-# owner's requests.
-_SERVING_WORKERS = f"""
+# Online chat workers serving any of the models, paused and in maintenance included (they keep the model
+# known); ``serves`` is false for a worker in maintenance or paused unless the requester owns it, and only
+# the workers that serve count as serving or eligible.
+_ONLINE_CHAT_WORKERS = f"""
 SELECT w.id, w.user_id, w.threads, w.speed, w.chat_model_id, w.chat_features, w.chat_max_context_length,
-       w.chat_max_length, w.chat_tools_max_temperature, w.image_transports, w.bridge_agent, u.trusted
+       w.chat_max_length, w.chat_tools_max_temperature, w.image_transports, w.bridge_agent, u.trusted,
+       ((NOT w.maintenance AND NOT w.paused) OR w.user_id = $2::bigint) AS serves
 FROM workers w JOIN users u ON u.id = w.user_id
 WHERE w.accepts_chat_jobs
   AND w.chat_model_id = ANY($1::text[])
   AND w.last_check_in > now() - make_interval(secs => {ONLINE_WORKER_SECONDS})
-  AND ((NOT w.maintenance AND NOT w.paused) OR w.user_id = $2::bigint)
 """
 
 
@@ -104,9 +119,31 @@ def _passes_rule_4(row: asyncpg.Record, q: AvailabilityQuery) -> bool:
     return q.slow_workers or effective_speed(row["speed"]) >= SLOW_WORKER_SPEED
 
 
+def gap_reasons(reasons: Sequence[str], declaration: ChatDeclaration) -> list[str]:
+    """A refused worker's reasons as the declaration gap counts them (spec: *Impossible reason*).
+
+    ``image_transports`` is named only for a worker that declares vision: a worker without vision lacks
+    ``vision`` (the feature a request with images needs), not a transport, so its ``image_transports``
+    refusal counts as ``vision``. Eligibility itself is unchanged: the worker stays refused.
+    """
+    if IMAGE_TRANSPORTS_REASON not in reasons:
+        return list(reasons)
+    declares_vision = ChatFeature.vision.value in (declaration.feature_set or declaration.chat_features)
+    if declares_vision:
+        return list(reasons)
+    out = [r for r in reasons if r != IMAGE_TRANSPORTS_REASON]
+    if ChatFeature.vision.value not in out:
+        out.insert(0, ChatFeature.vision.value)
+    return out
+
+
 def evaluate(rows: Sequence[asyncpg.Record], q: AvailabilityQuery) -> Availability:
-    """Apply rules 1–4 and the speed gate to the serving workers' rows (pure; see the module docstring)."""
-    result = Availability(serving_workers=len(rows))
+    """Apply rules 1–4 and the speed gate to the online chat workers' rows (pure; see the module
+    docstring). Every row counts toward ``known_workers``; only rows whose ``serves`` is true count as
+    serving, give the largest chat limits and may be eligible."""
+    result = Availability(known_workers=len(rows))
+    rows = [row for row in rows if row["serves"]]
+    result.serving_workers = len(rows)
     refusals: list[list[str]] = []
     for row in rows:
         result.max_chat_context_length = max(
@@ -115,8 +152,9 @@ def evaluate(rows: Sequence[asyncpg.Record], q: AvailabilityQuery) -> Availabili
         result.max_chat_length = max(result.max_chat_length, row["chat_max_length"] or 0)
         if not _passes_rule_4(row, q):
             continue
+        declaration = _declaration(row)
         reasons = chat_refusal_reasons(
-            declaration=_declaration(row),
+            declaration=declaration,
             models=list(q.models),
             required_features=list(q.required_features),
             max_length=q.max_length,
@@ -127,7 +165,7 @@ def evaluate(rows: Sequence[asyncpg.Record], q: AvailabilityQuery) -> Availabili
         if q.max_length > 0 and lease_capacity(row["speed"]) < q.max_length:
             reasons.append(LEASE_SPEED_REASON)
         if reasons:
-            refusals.append(reasons)
+            refusals.append(gap_reasons(reasons, declaration))
             continue
         threads = int(row["threads"])
         result.eligible_workers += 1
@@ -144,7 +182,7 @@ async def get_availability(conn: Conn, q: AvailabilityQuery) -> Availability:
     models = list(dict.fromkeys(q.models))
     if not models:
         return Availability()
-    rows = await conn.fetch(_SERVING_WORKERS, models, q.requester_user_id)
+    rows = await conn.fetch(_ONLINE_CHAT_WORKERS, models, q.requester_user_id)
     return evaluate(rows, q)
 
 

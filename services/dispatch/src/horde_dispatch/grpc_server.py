@@ -52,6 +52,7 @@ class WorkerPoolServicer(worker_pool_pb2_grpc.WorkerPoolServiceServicer):  # typ
             log.warning("GetAvailability: database unreachable", exc_info=True)
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"database unreachable: {exc}")
         response = worker_pool_pb2.GetAvailabilityResponse(
+            known_workers=result.known_workers,
             serving_workers=result.serving_workers,
             max_chat_context_length=result.max_chat_context_length,
             max_chat_length=result.max_chat_length,

@@ -107,6 +107,7 @@ class GetAvailabilityResponse(_message.Message):
     ELIGIBLE_THREADS_FIELD_NUMBER: _builtins.int
     TOKENS_PER_SECOND_FIELD_NUMBER: _builtins.int
     DECLARATION_GAP_FIELD_NUMBER: _builtins.int
+    KNOWN_WORKERS_FIELD_NUMBER: _builtins.int
     serving_workers: _builtins.int
     """Online chat workers (checked in within 300 s, not in maintenance) serving any requested model."""
     max_chat_context_length: _builtins.int
@@ -119,6 +120,11 @@ class GetAvailabilityResponse(_message.Message):
     """Sum of the eligible workers' advertised threads."""
     tokens_per_second: _builtins.float
     """The eligible workers' speed in tokens per second, each counted once per thread (unmeasured: 10)."""
+    known_workers: _builtins.int
+    """Online chat workers (checked in within 300 s) serving any requested model, paused or in maintenance
+    included: a model with one is known (404 UnknownChatModel only without one), while serving_workers
+    decides whether it is served (403 NoEligibleWorker without one) (spec: Known models).
+    """
     @_builtins.property
     def declaration_gap(self) -> Global___DeclarationGap:
         """Set when no worker is eligible and every serving worker was refused for a declaration."""
@@ -133,10 +139,11 @@ class GetAvailabilityResponse(_message.Message):
         eligible_threads: _builtins.int = ...,
         tokens_per_second: _builtins.float = ...,
         declaration_gap: Global___DeclarationGap | None = ...,
+        known_workers: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["declaration_gap", b"declaration_gap"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["declaration_gap", b"declaration_gap", "eligible_threads", b"eligible_threads", "eligible_workers", b"eligible_workers", "max_chat_context_length", b"max_chat_context_length", "max_chat_length", b"max_chat_length", "serving_workers", b"serving_workers", "tokens_per_second", b"tokens_per_second"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["declaration_gap", b"declaration_gap", "eligible_threads", b"eligible_threads", "eligible_workers", b"eligible_workers", "known_workers", b"known_workers", "max_chat_context_length", b"max_chat_context_length", "max_chat_length", b"max_chat_length", "serving_workers", b"serving_workers", "tokens_per_second", b"tokens_per_second"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
