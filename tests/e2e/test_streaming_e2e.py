@@ -6,7 +6,7 @@ that drops a relayed stream cancels it (the worker stops without submitting and 
 settled); a restart after exposure ends the stream with ChatStreamDiverged; a generation that outlasts its
 first lease finishes through progress renewals; Last-Event-ID resumes the same completion.
 
-The stack runs a 4 s job lease (``HORDE_TEXT_JOB_LEASE_SECONDS``) and a 1.5 s resume grace, so the lease and
+The stack runs a 4 s job lease (``HORDE_TEXT_JOB_LEASE_SECONDS``) and a 1.5 s resume and retry grace, so the lease and
 cancel paths take seconds, not minutes.
 """
 
@@ -36,6 +36,7 @@ def stack_env_overrides() -> dict[str, str]:
     return {
         "HORDE_TEXT_JOB_LEASE_SECONDS": str(LEASE_SECONDS),
         "HORDE_OAI_STREAM_RESUME_GRACE_SECONDS": str(RESUME_GRACE_SECONDS),
+        "HORDE_OAI_RETRY_GRACE_SECONDS": str(RESUME_GRACE_SECONDS),
     }
 
 

@@ -104,6 +104,8 @@ def stack(horde_settings_env: dict[str, str]) -> Iterator[Stack]:
                 "HORDE_OAI_STREAM_TIMEOUT_SECONDS": str(NONSTREAM_TIMEOUT),
                 "HORDE_OAI_FAIL_FAST_GRACE_SECONDS": str(GRACE),
                 "HORDE_OAI_SIGNAL_RECHECK_SECONDS": "1",
+                # A dropped client's request waits this long for a retry of the same call before its cancel.
+                "HORDE_OAI_RETRY_GRACE_SECONDS": "1",
             },
             wait=False,
         )
@@ -202,9 +204,18 @@ def native_status(stack: Stack, request_id: str) -> dict[str, Any]:
     return httpx.get(f"{stack.admission}/v2/generate/chat/status/{request_id}", timeout=10).json()
 
 
+def metric_count(stack, name: str, labels: str = "") -> float:
+    """The ``<name>_count`` sample of a histogram on the front's /metrics (with ``labels`` inside its braces)."""
+    text = httpx.get(f"{stack.front.url}/metrics", timeout=5).text
+    match = re.search(rf"^{name}_count{{?{re.escape(labels)}}}? ([0-9.e+]+)$", text, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
 def test_completion_through_a_worker(stack):
     worker = Worker(stack, "e2e/plain")
     worker.pop()  # online before the request
+    bodies = metric_count(stack, "horde_oai_request_body_size")
+    waits = metric_count(stack, "horde_oai_queue_wait", 'streamed="false"')
     thread, result = in_thread(
         lambda: sdk(stack).chat.completions.create(
             model="e2e/plain", messages=[{"role": "user", "content": "Say hi"}], max_tokens=64
@@ -235,6 +246,8 @@ def test_completion_through_a_worker(stack):
     line = finished_line(stack.front, "ok")
     assert f"Chat request {request_id} finished: streamed=False" in line
     assert "served_model=e2e/plain" in line
+    assert metric_count(stack, "horde_oai_request_body_size") == bodies + 1
+    assert metric_count(stack, "horde_oai_queue_wait", 'streamed="false"') == waits + 1
 
 
 def test_buffered_stream_through_a_worker(stack):
@@ -270,14 +283,16 @@ def test_buffered_stream_through_a_worker(stack):
     assert len({c.id for c in chunks}) == 1
 
 
-def test_unknown_model_is_404_model_not_found(stack):
+def test_unknown_model_is_404_with_the_native_rc(stack):
     with pytest.raises(openai.NotFoundError) as info:
         sdk(stack).chat.completions.create(
             model="e2e/nobody-serves-this", messages=[{"role": "user", "content": "x"}]
         )
-    assert info.value.body["code"] == "model_not_found"
+    # The front passes the Horde's rc through as the code (spec: Outcome class).
+    assert info.value.body["code"] == "UnknownChatModel"
+    assert info.value.body["type"] == "invalid_request_error"
     assert info.value.body["param"] == "model"
-    assert info.value.body["metadata"] == {"rc": "UnknownChatModel"}
+    assert "metadata" not in info.value.body
     worker = Worker(stack, "e2e/listed")
     worker.pop()
     with pytest.raises(openai.NotFoundError) as listed:
@@ -327,7 +342,8 @@ def test_declaration_gap_is_404_and_cancels(stack):
     assert body["code"] == "no_worker_supports_features"
     assert body["type"] == "not_found_error"
     assert "seed" in body["message"]
-    assert "x-should-retry" not in info.value.response.headers
+    # Settled: every error says whether a retry helps (issue 8; the spec left these two without the header).
+    assert info.value.response.headers["x-should-retry"] == "false"
     if "metadata" in body:  # accepted and cancelled, rather than refused at submit
         assert native_status(stack, body["metadata"]["request_id"])["waiting"] == 0
 

@@ -237,15 +237,16 @@ def test_split_native_path():
     assert split_native_path("no path here") == (None, "no path here")
 
 
-def test_unknown_model_maps_to_404_model_not_found_with_path():
+def test_unknown_model_maps_to_404_with_the_rc_as_code_and_path():
     error = map_native_error(
         404, {"message": "'models[1]': the model 'x' is not known to this horde.", "rc": "UnknownChatModel"}
     )
     assert error.status == 404
-    assert error.code == "model_not_found"
+    assert error.code == "UnknownChatModel"
+    assert error.type == "invalid_request_error"
     assert error.param == "models[1]"
     assert error.message == "the model 'x' is not known to this horde."
-    assert error.metadata == {"rc": "UnknownChatModel"}
+    assert error.metadata == {}
 
 
 def test_no_eligible_worker_without_gap_is_503_with_retry_headers():
@@ -275,7 +276,7 @@ def test_no_eligible_worker_with_feature_gap_is_404_without_retry():
     assert error.code == "no_worker_supports_features"
     assert error.type == "not_found_error"
     assert error.param is None
-    assert error.headers == {}
+    assert error.headers == {"x-should-retry": "false"}  # no Retry-After; a settled refusal
     assert (
         error.message
         == "No worker can serve this request: no online worker serving the model declares vision."
@@ -309,7 +310,7 @@ def test_size_only_gap_is_400_no_worker_supports_limit():
     assert error.status == 400
     assert error.code == "no_worker_supports_limit"
     assert error.param == "max_tokens"
-    assert error.headers == {}
+    assert error.headers == {"x-should-retry": "false"}  # no Retry-After; a settled refusal
     assert error.message == (
         "No worker eligible for this request currently declares a completion limit that high. "
         "The largest any online worker for the model declares now is 1024 tokens."
@@ -373,7 +374,7 @@ def test_other_native_errors_pass_rc_through():
     assert (limited.status, limited.code, limited.headers) == (
         429,
         "rate_limit_exceeded",
-        {"Retry-After": "2"},
+        {"Retry-After": "2", "x-should-retry": "true"},
     )
     conflict = map_native_error(400, {"message": "'tool_choice': not defined", "rc": "ChatRequestConflict"})
     assert (conflict.param, conflict.message, conflict.code) == (

@@ -52,11 +52,11 @@ def test_no_generation_and_timeout():
 def test_queue_unavailable():
     none = queue_unavailable_error("r", "no_eligible_threads", 0, 0, 590)
     assert (none.status, none.code, none.param) == (503, "queue_unavailable", "horde.availability_mode")
-    assert none.headers == {"Retry-After": "30"}
+    assert none.headers == {"Retry-After": "30", "x-should-retry": "false"}
     assert none.reason == "no_eligible_threads"
     assert "0 eligible worker threads" in none.message and "590 s of budget left" in none.message
     slow = queue_unavailable_error("r", "wait_exceeds_budget", 2, 5000, 100)
-    assert slow.headers == {"Retry-After": "60"}  # capped
+    assert slow.headers == {"Retry-After": "60", "x-should-retry": "false"}  # capped
     assert "estimated wait 5000 s" in slow.message
 
 
@@ -135,6 +135,8 @@ async def test_a_third_unanswered_read_cancels_the_request():
         await wait_with(script)
     assert failed.value.status >= 500
     assert script.calls.count("GET") == 3 and script.calls[-1] == "DELETE"
+    # The request was cancelled: a retry of the call would only meet it again.
+    assert failed.value.headers["x-should-retry"] == "false"
 
 
 async def test_a_stale_keepalive_connection_is_read_again_at_once():

@@ -12,6 +12,55 @@ from collections.abc import Sequence
 from prometheus_client import REGISTRY, Counter, Histogram
 from prometheus_client.registry import Collector
 
+# Bucket sets shared by every service (the spec's horde/metrics.py): short operations in seconds (a native or
+# store call), and the request lifecycle in seconds (queue wait, first content, request duration).
+BUCKETS_SECONDS: tuple[float, ...] = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    4.0,
+    5.0,
+    7.5,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+    1800.0,
+)
+BUCKETS_REQUEST_LIFECYCLE_SECONDS: tuple[float, ...] = (
+    0,
+    1,
+    2,
+    5,
+    10,
+    15,
+    20,
+    30,
+    45,
+    60,
+    90,
+    120,
+    180,
+    240,
+    300,
+    450,
+    600,
+    900,
+    1200,
+    1800,
+    3600,
+)
+
 
 def metric_name(spec_name: str) -> str:
     """``horde.chat.worker_faults`` → ``horde_chat_worker_faults``."""

@@ -22,6 +22,8 @@ from horde_oai.errors import install_openai_error_handlers
 from horde_oai.horde_client import HordeClient
 from horde_oai.models import chat_entries_by_model
 from horde_oai.openapi import install_openapi
+from horde_oai.operations import OperationRecords
+from horde_oai.server_errors import UnhandledErrorMiddleware
 from horde_oai.settings import OaiSettings
 from horde_oai.signals import SignalHub
 
@@ -47,6 +49,7 @@ def create_app(settings: OaiSettings | None = None) -> FastAPI:
         deltas = DeltaStreamReader(streams)
         app.state.horde, app.state.signals, app.state.cancels = horde, signals, cancels
         app.state.deltas, app.state.relay_records = deltas, RelayRecords(streams)
+        app.state.operations = OperationRecords(streams)
         cache: dict[str, Any] = {"at": 0.0, "entries": {}}
 
         async def chat_entries() -> Mapping[str, Mapping[str, Any]]:
@@ -91,6 +94,9 @@ def create_app(settings: OaiSettings | None = None) -> FastAPI:
         total=settings.oai_max_in_flight,
         per_address=settings.oai_max_in_flight_per_address,
     )
+    # Just inside CORS: an unhandled exception is answered with the OpenAI 500 there, so it carries the CORS
+    # headers too (Starlette's own 500 is sent outside every added middleware).
+    app.add_middleware(UnhandledErrorMiddleware)
     app.add_middleware(
         CORSMiddleware,
         allow_origins=["*"],

@@ -2,9 +2,11 @@
 
 Flow (spec: chat-front.md; chat-requests.md *Completion signal*): read the body (413 over the bound; 400
 BadRequest for non-JSON or NaN/Infinity) → Bearer key → screen and validate (``schema``) → the shared
-contract rules → ``POST /v2/generate/chat/async`` with a fresh ``horde.operation_key`` → wait on the signal
-(``waiter``) → ``chat.completion``, or for ``stream: true`` the buffered stream (*Buffered stream events*).
-Every refusal is an OpenAI error; every admitted request logs one finished line.
+contract rules → the call's operation (``operations``: a retry of the same call joins its first attempt's
+``horde.operation_key``) → ``POST /v2/generate/chat/async`` → wait on the signal (``waiter``) →
+``chat.completion``, or for ``stream: true`` the buffered or relayed stream. Every refusal is an OpenAI error;
+every admitted request logs one finished line. A client that leaves before its request ends has it cancelled
+after a grace in which a retry of the call or a resume of its relayed stream may take it over.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ from horde_oai.mapping import (
 )
 from horde_oai.metrics import (
     COMPLETIONS,
+    QUEUE_WAIT,
+    REQUEST_BODY_SIZE,
     REQUEST_DURATION,
     REQUEST_MAX_TOKENS,
     REQUESTS_ERRORS,
@@ -54,6 +58,7 @@ from horde_oai.metrics import (
     max_tokens_bucket,
     outcome_class_for,
 )
+from horde_oai.operations import IDEMPOTENCY_KEY_HEADER, Call, declared_retry
 from horde_oai.relay import WHOLE_GENERATION, DeltaRelay, EventId, parse_event_id, sse_event
 from horde_oai.schema import contract_error, parameter_label, validate_request
 from horde_oai.streaming import buffered_stream_events, sse_error
@@ -121,8 +126,9 @@ def bearer_key(request: Request) -> str:
 def apply_contract_rules(native_body: dict[str, Any]) -> None:
     """The request rules shared with the native route (horde_contract.parse_chat_request), so the client gets
     OpenAI's message and param locally: tool_choice/parallel_tool_calls without tools, tool history, strict
-    schemas, openai_guards, nesting depth, text caps. Length limits are deferred, as the Horde lowers a
-    max_tokens above every worker's limit instead of refusing it. The native route repeats every check."""
+    schemas, openai_guards, nesting depth, text caps, max_tokens within 16..16384. The check against the
+    workers' limits is deferred, as the Horde lowers a max_tokens above every worker's limit instead of
+    refusing it. The native route repeats every check."""
     try:
         parse_chat_request(native_body, defer_length_limits=True)
     except ChatContractError as exc:
@@ -150,9 +156,12 @@ class RequestRecord:
     reason: str = ""
     first_content: float | None = None  # Unix seconds of a stream's first reasoning or content chunk
 
-    def finish(self, error: OpenAIError | None = None, *, refused: bool = False) -> None:
-        """Record the end: duration and errors metrics (unless ``refused`` recorded it as a refusal), the
-        completion limit of a request the Horde accepted, and the finished log line."""
+    def finish(
+        self, error: OpenAIError | None = None, *, refused: bool = False, after_headers: bool = False
+    ) -> None:
+        """Record the end: duration and errors metrics, the completion limit of a request the Horde accepted,
+        and the finished log line. ``refused`` errors were recorded as refusals and ``after_headers`` ones
+        (an SSE error event) as stream failures, so neither counts on horde.oai.requests.errors."""
         if error is not None:
             self.status, self.code = error.status, error.code or "error"
             self.retry_after = error.headers.get("Retry-After")
@@ -165,7 +174,7 @@ class RequestRecord:
         adjustments = self.trace.context_adjustments
         limit = effective_completion_limit(self.body, adjustments)
         source = completion_limit_source(self.body, adjustments)
-        if error is not None and not refused and self.code != "client_disconnected":
+        if error is not None and not refused and not after_headers and self.code != "client_disconnected":
             REQUESTS_ERRORS.labels(
                 http_status=str(self.status),
                 code=self.code,
@@ -179,46 +188,64 @@ class RequestRecord:
         self._log(limit, source)
 
     def _log(self, limit: int, source: str) -> None:
+        """The finished-request line (spec: Finished-request log line); ``extra`` binds the same values."""
         t = self.trace
-        woke_at = f"{t.woke_at:.3f}" if t.woke_at else "none"
-        waited = f"{t.woke_at - self.submitted_at:.3f}" if t.woke_at and self.submitted_at else "none"
+        waited = t.woke_at - self.submitted_at if t.woke_at and self.submitted_at else None
+        fields: dict[str, Any] = {
+            "request_id": self.request_id,
+            "streamed": self.streamed,
+            "submitted_at": self.submitted_at,
+            "woke_at": t.woke_at,
+            "woke_by": t.woke_by,
+            "waited": waited,
+            "status": self.status,
+            "code": self.code,
+            "wakes": t.wakes,
+            "estimated_usage": self.estimated_usage,
+            "done_without_generation_reads": t.done_without_generation_reads,
+            "requested_model": ",".join(requested_models(self.body)),
+            "served_model": self.served_model,
+            "retry_after": self.retry_after,
+        }
         head = (
             f"Chat request {self.request_id} finished:"
             if self.request_id
             else "Unsubmitted chat request finished:"
         )
-        submitted = f"{self.submitted_at:.3f}" if self.submitted_at else "none"
         message = (
-            f"{head} streamed={self.streamed} submitted_at={submitted} woke_at={woke_at} woke_by={t.woke_by} "
-            f"waited={waited}s status={self.status} code={self.code} wakes={t.wakes} "
-            f"estimated_usage={self.estimated_usage} "
+            f"{head} streamed={self.streamed} submitted_at={_seconds(self.submitted_at)} "
+            f"woke_at={_seconds(t.woke_at)} woke_by={t.woke_by} waited={_seconds(waited)}s "
+            f"status={self.status} code={self.code} wakes={t.wakes} estimated_usage={self.estimated_usage} "
             f"done_without_generation_reads={t.done_without_generation_reads} "
-            f"requested_model={','.join(requested_models(self.body))} served_model={self.served_model or 'none'} "
+            f"requested_model={fields['requested_model']} served_model={self.served_model or 'none'} "
             f"retry_after={self.retry_after or 'none'}"
         )
         if self.code == "queue_unavailable":
+            fields |= {
+                "queue_reason": t.queue_reason,
+                "wait_time": t.wait_time,
+                "eligible_worker_threads": t.eligible_worker_threads,
+            }
             message += (
                 f" queue_reason={t.queue_reason} wait_time={_none(t.wait_time)} "
                 f"eligible_worker_threads={_none(t.eligible_worker_threads)}"
             )
+        fields |= {
+            "first_read_wait_time": t.first_read_wait_time,
+            "first_read_eligible_worker_threads": t.first_read_eligible_worker_threads,
+            "max_tokens": limit,
+            "max_tokens_source": source,
+        }
         message += (
             f" first_read_wait_time={_none(t.first_read_wait_time)} "
             f"first_read_eligible_worker_threads={_none(t.first_read_eligible_worker_threads)} "
             f"max_tokens={limit} max_tokens_source={source}"
         )
-        log.info(
-            message,
-            extra={
-                "request_id": self.request_id,
-                "streamed": self.streamed,
-                "status": self.status,
-                "code": self.code,
-                "wakes": t.wakes,
-                "served_model": self.served_model,
-                "max_tokens": limit,
-                "max_tokens_source": source,
-            },
-        )
+        log.info(message, extra=fields)
+
+
+def _seconds(value: float | None) -> str:
+    return "none" if not value else f"{value:.3f}"
 
 
 def _none(value: Any) -> str:
@@ -265,6 +292,9 @@ def record_completion(
         for a in record.trace.context_adjustments or ()
     )
     category = content_category(native_message)
+    queue_wait = generation.get("queue_wait_seconds")
+    if isinstance(queue_wait, int | float) and not isinstance(queue_wait, bool) and queue_wait >= 0:
+        QUEUE_WAIT.labels(streamed=str(record.streamed).lower()).observe(queue_wait)
     record.served_model = completion["model"]
     record.estimated_usage = bool(completion.get("x_horde", {}).get("estimated_usage"))
     COMPLETIONS.labels(
@@ -349,6 +379,7 @@ async def chat_completions(request: Request) -> Response:
     streamed = False
     try:
         raw = await read_body(request, settings.oai_max_body_bytes, settings.body_read_timeout_seconds)
+        REQUEST_BODY_SIZE.observe(len(raw))
         payload = parse_json_body(raw)
         streamed = isinstance(payload, dict) and payload.get("stream") is True
         apikey = bearer_key(request)
@@ -382,6 +413,20 @@ async def chat_completions(request: Request) -> Response:
     models = requested_models(screened)
     if resume_at is not None and resumed is not None:
         return await _resume(request, record, screened, resume_at, resumed)
+    claim = await state.operations.claim(
+        key_digest(apikey),
+        request_digest(native_body),
+        idempotency_key=request.headers.get(IDEMPOTENCY_KEY_HEADER),
+        client_operation_key=(screened.get("horde") or {}).get("operation_key"),
+        declared=declared_retry(request.headers),
+    )
+    if isinstance(claim, OpenAIError):
+        # An Idempotency-Key whose request already ended with this error: the same answer again.
+        record.request_id = (claim.metadata or {}).get("request_id")
+        record.finish(claim)
+        return claim.response()
+    call = claim
+    native_body["horde"]["operation_key"] = call.operation_key
     try:
         response = await state.horde.submit(
             apikey,
@@ -390,15 +435,17 @@ async def chat_completions(request: Request) -> Response:
             client_address=request.client.host if request.client else None,
         )
     except OpenAIError as unavailable:
+        await call.end_with(unavailable, created=False)
         record.finish(unavailable)
         return unavailable.response()
     if not response.ok:
         entries = None
         if is_size_only_gap(_impossible_reason(response.body)):
-            entries = await state.chat_entries()
+            entries = await _chat_entries_or_none(state)
         error = map_native_error(
             response.status, response.body, models=models, headers=response.headers, chat_entries=entries
         )
+        await call.end_with(error, created=False)
         # Validation, authorization and unknown models are refusals; the Horde's availability and rate
         # refusals are errors of an admitted request (spec: Refusal attributes, Error attributes).
         refused = error.code not in SUBMIT_ERROR_CODES and error.status in (400, 401, 403, 404, 409, 413)
@@ -407,6 +454,8 @@ async def chat_completions(request: Request) -> Response:
         record.finish(error, refused=refused)
         return error.response()
     request_id = str(response.body.get("id"))
+    # 200 answers a repeated operation key: this attempt joined a request an earlier one created.
+    repeated = response.status == 200
     record.request_id = request_id
     record.submitted_at = time.time()
     waiter = new_waiter(state, request_id, record.submitted_at, screened)
@@ -414,23 +463,25 @@ async def chat_completions(request: Request) -> Response:
     prompt_estimate = estimate_prompt_tokens(screened.get("messages") or [], screened.get("tools"))
     created = int(record.submitted_at)
     if relayed:
-        await state.relay_records.save(
-            request_id, key_digest(apikey), request_digest(native_body), record.submitted_at
-        )
-        return await _relayed_stream(request, record, waiter, screened, created, prompt_estimate)
+        attached = await state.relay_records.attach(request_id) if repeated else None
+        if attached is None:
+            await state.relay_records.save(
+                request_id, key_digest(apikey), request_digest(native_body), record.submitted_at
+            )
+        return await _relayed_stream(request, record, waiter, screened, created, prompt_estimate, call=call)
     if streamed:
-        return await _stream(request, record, waiter, screened, created, prompt_estimate)
+        return await _stream(request, record, waiter, screened, created, prompt_estimate, call)
     wait_task = asyncio.create_task(waiter.run())
     watch_task = asyncio.create_task(_watch_disconnect(request))
     try:
         await asyncio.wait({wait_task, watch_task}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         if not wait_task.done():
-            # The client left: cancel the native request, don't wait for the answer.
+            # The client left: stop waiting; cancel the request unless a retry takes it over.
             wait_task.cancel()
             with contextlib.suppress(BaseException):
                 await wait_task
-            state.cancels.cancel_in_background(request_id, record.submitted_at)
+            _abandon(state, call, request_id, record.submitted_at, relayed=False, resumable=False)
             record.status, record.code = 499, "client_disconnected"
             record.finish()
         watch_task.cancel()
@@ -439,14 +490,62 @@ async def chat_completions(request: Request) -> Response:
     try:
         status = wait_task.result()
     except OpenAIError as error:
+        await call.end_with(error, created=True)
         record.finish(error)
         return error.response()
     completion = build_completion(
         request_id=request_id, created=created, body=screened, status=status, prompt_estimate=prompt_estimate
     )
     record_completion(record, completion, status)
+    await call.end("delivered")
     record.finish()
     return JSONResponse(completion)
+
+
+async def _chat_entries_or_none(state: Any) -> Mapping[str, Mapping[str, Any]] | None:
+    """The model list's chat entries, or None when the list cannot be read: a size-gap message then names the
+    limit instead of the largest declared value (spec: Size limit gaps)."""
+    try:
+        entries: Mapping[str, Mapping[str, Any]] = await state.chat_entries()
+    except Exception:
+        log.warning("model list read failed for a size gap", exc_info=True)
+        return None
+    return entries
+
+
+def _abandon(
+    state: Any, call: Call, request_id: str, submitted_at: float, *, relayed: bool, resumable: bool
+) -> None:
+    """The client left before its request ended: cancel the request, after a grace in which a retry of the
+    same call (``HORDE_OAI_RETRY_GRACE_SECONDS``, when the call has a record) or, for a relayed stream whose
+    client received an event id, a resume (``HORDE_OAI_STREAM_RESUME_GRACE_SECONDS``) may take it over, on any
+    front replica (the counts live in Redis)."""
+    settings = state.settings
+    grace = settings.oai_retry_grace_seconds if call.tracked else 0.0
+    if relayed and resumable:
+        grace = max(grace, settings.oai_stream_resume_grace_seconds)
+    dropped = _in_background(call.end("dropped"))
+
+    async def taken_over() -> bool:
+        await dropped
+        joined = not await call.close()
+        if relayed:
+            others = bool(await state.relay_records.detach(request_id, close_if_last=not joined))
+            return joined or others
+        return joined
+
+    state.cancels.cancel_later(request_id, submitted_at, grace, taken_over)
+
+
+_BACKGROUND: set[asyncio.Task[Any]] = set()
+
+
+def _in_background(coro: Any) -> asyncio.Task[Any]:
+    """Run ``coro`` as a task kept until it ends (the response's own task may be cancelled meanwhile)."""
+    task = asyncio.get_running_loop().create_task(coro)
+    _BACKGROUND.add(task)
+    task.add_done_callback(_BACKGROUND.discard)
+    return task
 
 
 async def _stream(
@@ -456,17 +555,21 @@ async def _stream(
     body: Mapping[str, Any],
     created: int,
     prompt_estimate: int,
+    call: Call,
 ) -> Response:
     """The buffered stream (spec: Buffered stream events): JSON error before the first-read decision, SSE
     after it, the whole reply at once when the request is done."""
     state = request.app.state
+    request_id = record.request_id or ""
+    submitted_at = record.submitted_at or time.time()
     wait_task = asyncio.create_task(waiter.run())
     refused = await _headers_decision(
         request,
         record,
         waiter,
         wait_task,
-        lambda: state.cancels.cancel_in_background(record.request_id, record.submitted_at),
+        call,
+        lambda: _abandon(state, call, request_id, submitted_at, relayed=False, resumable=False),
     )
     if refused is not None:
         return refused
@@ -483,9 +586,10 @@ async def _stream(
             try:
                 status = wait_task.result()
             except OpenAIError as error:
-                record.finish(error)
+                record.finish(error, after_headers=True)
                 STREAM_FAILURES.labels(code=error.code or "", outcome_class=outcome_class_for(error.code)).inc()
                 finished = True
+                await call.end_with(error, created=True)
                 yield sse_error(error)
                 yield "data: [DONE]\n\n"
                 return
@@ -502,12 +606,15 @@ async def _stream(
                 yield event
             record.finish()
             finished = True
+            await call.end("delivered")
         finally:
             if not finished:
-                # The client went away mid-stream: stop waiting and cancel the native request.
+                # The client went away mid-stream: stop waiting; cancel unless a retry takes the call over.
                 if not wait_task.done():
                     wait_task.cancel()
-                    state.cancels.cancel_in_background(record.request_id, record.submitted_at)
+                    _abandon(state, call, request_id, submitted_at, relayed=False, resumable=False)
+                else:
+                    _in_background(call.end("dropped"))
                 record.status, record.code = 499, "client_disconnected"
                 record.finish()
 
@@ -519,11 +626,12 @@ async def _headers_decision(
     record: RequestRecord,
     waiter: ChatWait,
     wait_task: asyncio.Task[dict[str, Any]],
+    call: Call,
     on_leave: Callable[[], None],
 ) -> Response | None:
     """Wait for the first-read decision (spec: Stream errors): a Response when the request ends before any
-    header (its JSON error, or 499 for a client that left, after ``on_leave`` decided the request's fate),
-    None when the stream may open."""
+    header (its JSON error, ending ``call``; or 499 for a client that left, after ``on_leave`` decided the
+    request's fate), None when the stream may open."""
     first_read = asyncio.create_task(waiter.first_read_passed.wait())
     watch_task = asyncio.create_task(_watch_disconnect(request))
     try:
@@ -542,6 +650,7 @@ async def _headers_decision(
     if wait_task.done() and wait_task.exception() is not None:
         error = wait_task.exception()
         if isinstance(error, OpenAIError):
+            await call.end_with(error, created=True)
             record.finish(error)
             return error.response()
         raise error  # type: ignore[misc]
@@ -556,10 +665,12 @@ async def _relayed_stream(
     created: int,
     prompt_estimate: int,
     *,
+    call: Call,
     resume_at: EventId | None = None,
 ) -> Response:
     """A relayed stream (spec: Relayed deltas): deltas from the progress stream as they arrive, paced, then the
-    final reply reconciled with them. ``resume_at`` re-attaches a client at its ``Last-Event-ID``."""
+    final reply reconciled with them. ``resume_at`` re-attaches a client at its ``Last-Event-ID``; ``call`` is
+    the attempt's operation (untracked for a resume, which is no new call)."""
     state = request.app.state
     settings = state.settings
     request_id = record.request_id or ""
@@ -598,7 +709,8 @@ async def _relayed_stream(
             record,
             waiter,
             wait_task,
-            lambda: _cancel_unless_resumed(state, request_id, submitted_at, resume_at is not None),
+            call,
+            lambda: _abandon(state, call, request_id, submitted_at, relayed=True, resumable=resume_at is not None),
         )
     except BaseException:
         state.deltas.unregister(feed)
@@ -653,9 +765,10 @@ async def _relayed_stream(
             try:
                 status = wait_task.result()
             except OpenAIError as error:
-                record.finish(error)
+                record.finish(error, after_headers=True)
                 STREAM_FAILURES.labels(code=error.code or "", outcome_class=outcome_class_for(error.code)).inc()
                 finished = True
+                await call.end_with(error, created=True)
                 for event in relay.fail(error):
                     yield event
                 return
@@ -678,6 +791,7 @@ async def _relayed_stream(
                 record.status, record.code = 502, "ChatStreamDiverged"
                 STREAM_FAILURES.labels(code=record.code, outcome_class=outcome_class_for(record.code)).inc()
             record.finish()
+            await call.end("delivered")
         finally:
             if getter is not None:
                 getter.cancel()
@@ -692,36 +806,21 @@ async def _relayed_stream(
                 STREAM_RELAYS.labels(outcome="dropped").inc()
                 if not wait_task.done():
                     wait_task.cancel()
-                    _cancel_unless_resumed(state, request_id, record.submitted_at or time.time(), relay.exposed)
+                    _abandon(state, call, request_id, submitted_at, relayed=True, resumable=relay.exposed)
                 else:
                     _detach_finished(state, request_id)
+                    _in_background(call.end("dropped"))
                 record.status, record.code = 499, "client_disconnected"
                 record.finish()
 
     return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
 
 
-def _cancel_unless_resumed(state: Any, request_id: str, submitted_at: float, resumable: bool) -> None:
-    """A relayed stream's connection dropped: after the resume grace, detach it and cancel the request unless
-    another connection is attached (on any front replica: the counts live in Redis). A client that never
-    received an event id cannot resume, so its request is cancelled at once."""
-    grace = state.settings.oai_stream_resume_grace_seconds if resumable else 0.0
-
-    async def resumed() -> bool:
-        return bool(await state.relay_records.detach(request_id, close_if_last=True))
-
-    state.cancels.cancel_later(request_id, submitted_at, grace, resumed)
-
-
 def _detach_finished(state: Any, request_id: str) -> None:
     """A relayed stream's connection ended with the stream: one connection fewer (in the background, since the
     response's task may be cancelled while it closes)."""
-    task = asyncio.get_running_loop().create_task(state.relay_records.detach(request_id, close_if_last=False))
-    _BACKGROUND.add(task)
-    task.add_done_callback(_BACKGROUND.discard)
+    _in_background(state.relay_records.detach(request_id, close_if_last=False))
 
-
-_BACKGROUND: set[asyncio.Task[Any]] = set()
 
 
 async def _resume(
@@ -762,5 +861,12 @@ async def _resume(
     record.trace = waiter.trace
     prompt_estimate = estimate_prompt_tokens(body.get("messages") or [], body.get("tools"))
     return await _relayed_stream(
-        request, record, waiter, body, int(record.submitted_at), prompt_estimate, resume_at=at
+        request,
+        record,
+        waiter,
+        body,
+        int(record.submitted_at),
+        prompt_estimate,
+        call=state.operations.untracked(),
+        resume_at=at,
     )

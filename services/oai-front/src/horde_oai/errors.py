@@ -8,6 +8,7 @@ ride on the exception. Spec: chat-front.md *No eligible worker*, *Kudos cap*, *O
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -39,6 +40,31 @@ def error_type_for(status: int) -> str:
     return ERROR_TYPE_BY_STATUS.get(status, "api_error")
 
 
+# x-should-retry on every error (README: Retries and idempotency). A retry of the same call joins the same
+# native operation, so it is always safe; it is useful after the statuses the SDKs retry (408, 409, 429, 5xx)
+# unless the code below says the call's outcome is settled. Errors of a request the Horde created and ended are
+# settled too: the front marks them where it raises them (``settled()``).
+RETRIED_STATUSES = frozenset({408, 409, 429})
+SETTLED_CODES = frozenset(
+    {
+        "ChatRequestTimeout",  # the whole budget was spent and the request cancelled
+        "ChatRequestFaulted",  # the horde already restarted the job up to its fault limit
+        "ChatRequestNoGeneration",
+        "ChatStreamDiverged",
+        "no_eligible_worker",  # spec: an SDK retries within seconds, and the online workers are the same
+        "queue_unavailable",
+        "OperationKeyConflict",
+    }
+)
+
+
+def should_retry_by_default(status: int, code: str | None) -> bool:
+    """Whether a retry of the call is safe and useful: the SDKs' retried statuses, except settled codes."""
+    if code in SETTLED_CODES:
+        return False
+    return status in RETRIED_STATUSES or status >= 500
+
+
 class OpenAIError(Exception):
     """A refusal in the OpenAI envelope.
 
@@ -65,7 +91,8 @@ class OpenAIError(Exception):
         self.param = param
         self.type = type or error_type_for(status)
         self.metadata = metadata or {}
-        self.headers = headers or {}
+        self.headers = dict(headers or {})
+        self.headers.setdefault("x-should-retry", "true" if should_retry_by_default(status, code) else "false")
         # Metrics attributes (Outcome class): the stage of a no_eligible_worker and the refused parameter.
         self.stage = ""
         self.reason = ""
@@ -82,9 +109,43 @@ class OpenAIError(Exception):
             error["metadata"] = self.metadata
         return {"error": error}
 
+    @property
+    def should_retry(self) -> bool:
+        """The ``x-should-retry`` this error sends."""
+        return self.headers.get("x-should-retry") == "true"
+
+    def settled(self) -> OpenAIError:
+        """Mark the call's outcome settled (``x-should-retry: false``): the Horde created the request and it
+        ended, so a retry would only meet the same request again. Returns self."""
+        self.headers["x-should-retry"] = "false"
+        return self
+
     def response(self) -> JSONResponse:
         """The JSON response with the status and headers."""
         return JSONResponse(status_code=self.status, content=self.body(), headers=self.headers)
+
+    def to_record(self) -> dict[str, Any]:
+        """A JSON-ready copy (status, body, headers) that :meth:`from_record` rebuilds."""
+        return {"status": self.status, "body": self.body(), "headers": self.headers}
+
+    @classmethod
+    def from_record(cls, text: str) -> OpenAIError | None:
+        """The error :meth:`to_record` wrote as JSON ``text``; None when it does not parse as one."""
+        try:
+            record = json.loads(text)
+            error = record["body"]["error"]
+            rebuilt = cls(
+                int(record["status"]),
+                str(error["message"]),
+                error.get("code"),
+                param=error.get("param"),
+                type=error.get("type"),
+                metadata=error.get("metadata"),
+                headers={str(k): str(v) for k, v in (record.get("headers") or {}).items()},
+            )
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
+        return rebuilt
 
     def __repr__(self) -> str:
         return f"OpenAIError({self.status}, {self.code!r}, {self.message!r}, param={self.param!r})"

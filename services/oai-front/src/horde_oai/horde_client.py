@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from horde_oai.errors import OpenAIError
+from horde_oai.metrics import NATIVE_CALL_DURATION, status_class
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +62,20 @@ class HordeClient:
     async def aclose(self) -> None:
         await self._client.aclose()
 
-    async def _call(self, method: str, path: str, **kwargs: Any) -> NativeResponse:
-        response = await self._client.request(method, path, **kwargs)
+    async def _call(self, route: str, method: str, path: str, **kwargs: Any) -> NativeResponse:
+        """One native call, timed on ``horde.oai.native.duration`` under ``route`` (a NATIVE_ROUTES name) and
+        its status class (``error`` when it raised)."""
+        started = time.perf_counter()
+        status: int | None = None
         try:
-            body = response.json()
-        except ValueError:
-            body = {}
+            response = await self._client.request(method, path, **kwargs)
+            status = response.status_code
+            try:
+                body = response.json()
+            except ValueError:
+                body = {}
+        finally:
+            NATIVE_CALL_DURATION.labels(route, status_class(status)).observe(time.perf_counter() - started)
         return NativeResponse(response.status_code, body, response.headers)
 
     async def submit(
@@ -89,7 +99,7 @@ class HordeClient:
                 await asyncio.sleep(min(0.5 * 2 ** (attempt - 1), 4.0))
             try:
                 response = await self._call(
-                    "POST", "/v2/generate/chat/async", json=body, headers=headers
+                    "submit", "POST", "/v2/generate/chat/async", json=body, headers=headers
                 )
             except httpx.HTTPError as exc:
                 last_error = exc
@@ -108,21 +118,23 @@ class HordeClient:
         path = f"/v2/generate/chat/status/{request_id}"
         try:
             try:
-                return await self._call("GET", path)
+                return await self._call("status", "GET", path)
             except httpx.TimeoutException:
                 raise
             except httpx.TransportError:
-                return await self._call("GET", path)
+                return await self._call("status", "GET", path)
         except httpx.HTTPError as exc:
             raise horde_unavailable(type(exc).__name__) from exc
 
     async def cancel(self, request_id: str) -> NativeResponse:
         """``DELETE /v2/generate/chat/status/{id}`` (httpx errors propagate; the caller retries)."""
-        return await self._call("DELETE", f"/v2/generate/chat/status/{request_id}")
+        return await self._call("cancel", "DELETE", f"/v2/generate/chat/status/{request_id}")
 
     async def chat_models(self) -> NativeResponse:
         """``GET /v2/status/models?type=text&chat=true``. Raises 502 HordeUnavailable on a transport error."""
         try:
-            return await self._call("GET", "/v2/status/models", params={"type": "text", "chat": "true"})
+            return await self._call(
+                "models", "GET", "/v2/status/models", params={"type": "text", "chat": "true"}
+            )
         except httpx.HTTPError as exc:
             raise horde_unavailable(type(exc).__name__) from exc

@@ -295,7 +295,9 @@ def build_assistant_message(native_message: Mapping[str, Any], with_reasoning: b
     worker returned calls, reasoning_content when submitted and not hidden."""
     content = native_message.get("content")
     tool_calls = native_message.get("tool_calls") or None
-    if content is None and not tool_calls:
+    if tool_calls and not content:
+        content = None  # tool calls without text: null, as OpenAI sends it
+    elif content is None:
         content = ""
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if tool_calls:
@@ -354,9 +356,9 @@ def build_completion(
             "message": build_assistant_message(native_message, with_reasoning),
             "logprobs": None,
             "finish_reason": finish_reason,
+            # Always present: null when the worker gave none (spec: Response shape).
+            "native_finish_reason": generation.get("native_finish_reason") or None,
         }
-        if generation.get("native_finish_reason"):
-            choice["native_finish_reason"] = generation["native_finish_reason"]
         choices.append(choice)
         usage, estimated = build_usage({**generation, "message": native_message}, prompt_estimate, limit)
         any_estimated = any_estimated or estimated
@@ -552,6 +554,14 @@ def _retry_later(message: str) -> str:
     return message if message.endswith("Retry later.") else f"{message} Retry later."
 
 
+def native_retry_after(headers: Mapping[str, str] | None) -> dict[str, str]:
+    """``{"Retry-After": value}`` when the native answer carried one (any header case), else ``{}``."""
+    for name, value in (headers or {}).items():
+        if name.lower() == "retry-after" and value:
+            return {"Retry-After": value}
+    return {}
+
+
 def map_native_error(
     status: int,
     body: Any,
@@ -562,11 +572,13 @@ def map_native_error(
 ) -> OpenAIError:
     """The OpenAI error for a native refusal of the submit (or a status read).
 
-    ``code`` is the native rc, except: 404 UnknownChatModel → model_not_found (param the entry's path);
-    403 NoEligibleWorker → 503 no_eligible_worker (Retry-After 30, x-should-retry false), or the gap's
-    404/400 when the body has impossible_reason; ChatKudosCapExceeded → max_kudos_exceeded; a 400 without
-    rc (payload validation) → BadRequest with the first failing field as param; a 429 without rc →
-    rate_limit_exceeded; a 5xx → 502 HordeUnavailable (503 statuses with an rc keep it).
+    ``code`` is the native rc, passed through (spec: Outcome class), with the spec's own mappings: 403
+    NoEligibleWorker → 503 no_eligible_worker (Retry-After 30, x-should-retry false), or the gap's 404/400 when
+    the body has impossible_reason; ChatKudosCapExceeded → max_kudos_exceeded; a 400 without rc (payload
+    validation) → BadRequest with the first failing field as param; a 429 without rc → rate_limit_exceeded; a
+    5xx → 502 HordeUnavailable (503 statuses with an rc keep it). 404 UnknownChatModel keeps OpenAI's type for an
+    unknown model (invalid_request_error) and the entry's path as param. The native ``Retry-After`` of a 429 or
+    a 503 (with or without rc) reaches the client.
     """
     data = body if isinstance(body, Mapping) else {}
     message = str(data.get("message") or "")
@@ -577,10 +589,9 @@ def map_native_error(
         return OpenAIError(
             404,
             text if path else message,
-            "model_not_found",
+            rc,
             type="invalid_request_error",
             param=path or "model",
-            metadata={"rc": rc},
         )
     if status == 403 and rc == "NoEligibleWorker":
         gap = data.get("impossible_reason")
@@ -591,20 +602,19 @@ def map_native_error(
         return kudos_cap_error(message, rc)
     if status == 400 and rc is None:
         return bad_request(message or "Input payload validation failed", _validation_param(data))
+    retry_after = native_retry_after(headers) if status in (429, 503) else {}
     if status == 429:
-        retry = {}
-        if headers and headers.get("retry-after"):
-            retry["Retry-After"] = headers["retry-after"]
         return OpenAIError(
             429,
             message or "Too many requests: the Horde's rate limit was exceeded.",
             rc or "rate_limit_exceeded",
-            headers=retry,
+            headers=retry_after,
         )
     if status >= 500 and not (status == 503 and rc):
         return OpenAIError(
             502,
             f"The Horde did not answer the request (HTTP {status}).",
             "HordeUnavailable",
+            headers=retry_after,
         )
-    return OpenAIError(status, text if path else message, rc, param=_native_param(path))
+    return OpenAIError(status, text if path else message, rc, param=_native_param(path), headers=retry_after)

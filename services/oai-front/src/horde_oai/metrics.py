@@ -6,9 +6,23 @@ model id. Never API keys, prompts, addresses or request ids.
 
 from __future__ import annotations
 
-from horde_core.metrics import counter, histogram
+from horde_contract import MAX_CHAT_BODY_BYTES
+from horde_core.metrics import BUCKETS_REQUEST_LIFECYCLE_SECONDS, BUCKETS_SECONDS, counter, histogram
 
-BUCKETS_REQUEST_LIFECYCLE_SECONDS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200)
+# Request body sizes in bytes: a text-only chat is a few KiB; images as data URLs reach the 36 MiB cap.
+BUCKETS_BODY_BYTES = (
+    1024,
+    4096,
+    16384,
+    65536,
+    262144,
+    1048576,
+    4194304,
+    8388608,
+    16777216,
+    33554432,
+    MAX_CHAT_BODY_BYTES,
+)
 BUCKETS_MAX_TOKENS = (16, 64, 128, 256, 512, 768, 1024, 2048, 4096, 8192, 16384)
 BUCKETS_POST_GAP_SECONDS = (0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10)
 BUCKETS_PIECES_PER_POST = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 80)
@@ -22,7 +36,7 @@ OUTCOME_CLASS_BY_CODE: dict[str, str] = {
     "FrontAtCapacity": "front_capacity",
     "no_worker_supports_features": "unservable",
     "no_worker_supports_limit": "unservable",
-    "model_not_found": "unservable",
+    "UnknownChatModel": "unservable",  # the native rc, passed through (a 404 for an unknown model)
     "ChatRequestFaulted": "service_fault",
     "ChatRequestNoGeneration": "service_fault",
     "ChatStreamDiverged": "service_fault",
@@ -142,3 +156,46 @@ STREAM_REASONING_SHARE = histogram(
     "Share of a relayed stream's characters that were reasoning",
     buckets=BUCKETS_REASONING_SHARE,
 )
+
+
+# --- native calls and request sizes (spec: Histogram buckets) ----------------------------------------------------
+
+# The native routes the front calls, by ``horde.route`` label (bounded: never a request id).
+NATIVE_ROUTES = ("submit", "status", "cancel", "models")
+
+NATIVE_CALL_DURATION = histogram(
+    "horde.oai.native.duration",
+    "Seconds of each call the front makes to the native routes, by route and status class",
+    ["horde.route", "horde.status_class"],
+    buckets=BUCKETS_SECONDS,
+)
+"""Native call latency: seconds from sending one native call to its parsed answer (or its failure), recorded by
+:class:`horde_oai.horde_client.HordeClient` for every call. ``route``: one of :data:`NATIVE_ROUTES`;
+``status_class``: ``2xx`` … ``5xx``, or ``error`` when no HTTP answer came (transport error, timeout). Each
+attempt of a retried submit, and the repeat of a status read, is one call."""
+
+REQUEST_BODY_SIZE = histogram(
+    "horde.oai.request.body_size",
+    "Bytes of each chat completion request body the front read whole",
+    buckets=BUCKETS_BODY_BYTES,
+)
+"""Request body size: bytes of each ``POST /v1/chat/completions`` body the front read whole, recorded once per
+request before the body is parsed. No labels. A body refused as too large (413) or left unfinished (408) is not
+recorded: it counts on ``horde.oai.requests.refused``."""
+
+QUEUE_WAIT = histogram(
+    "horde.oai.queue_wait",
+    "Seconds a request the Horde served waited in its queue before a worker took it",
+    ["horde.streamed"],
+    buckets=BUCKETS_REQUEST_LIFECYCLE_SECONDS,
+)
+"""Queue wait: seconds from the native request's creation to its generation's assignment to a worker (the first
+finished generation's ``queue_wait_seconds`` on the native status), recorded once when a request ends with a
+generation. ``streamed``: ``true`` or ``false``, whether the client asked for a stream."""
+
+
+def status_class(status: int | None) -> str:
+    """The ``horde.status_class`` of a native answer: ``2xx`` … ``5xx``, ``error`` for no HTTP answer."""
+    if status is None or not 100 <= status <= 599:
+        return "error"
+    return f"{status // 100}xx"

@@ -130,123 +130,196 @@ KEY_DROPPING_MODELS = ("ChatMessage", "ContentPart", "ToolCall", "ToolDefinition
 
 
 # --- request model (the schema of the OpenAPI document and the type validation) ------------------------------
+#
+# Each field's docstring is its description in the OpenAPI document (use_attribute_docstrings), so it is public
+# text for API users and says where the front differs from OpenAI; a detail for maintainers goes in a comment
+# above the field. A cross-reference is written [`name`][dotted.path]; the document renders it as `name`, and
+# drops a parenthetical "(see [`name`][dotted.path])" whole (openapi.plain_description).
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _Documented(BaseModel):
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+
+class _Strict(_Documented):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
 class StreamOptions(_Strict):
-    """Options of a streamed response."""
+    """Options of a streamed response. Unknown keys are refused."""
 
-    include_usage: StrictBool | None = Field(
-        default=None,
-        description="Send one last chunk with `choices: []` and the request's usage before `data: [DONE]`.",
-    )
-    include_obfuscation: StrictBool | None = Field(
-        default=None, description="Accepted and ignored: the front does not add obfuscation padding."
-    )
+    include_usage: StrictBool | None = None
+    """Send one last chunk with `choices: []` and the request's usage before `data: [DONE]`."""
+
+    include_obfuscation: StrictBool | None = None
+    """Accepted and ignored: the front does not add obfuscation padding."""
 
 
 class JsonSchemaFormat(_Strict):
-    """A JSON schema the reply has to follow."""
+    """A JSON schema the reply has to follow. Unknown keys are refused."""
 
-    name: str = Field(description="The schema's name.")
-    description: str | None = Field(default=None, description="What the schema is for.")
-    schema_: dict[str, Any] = Field(alias="schema", description="The JSON schema, forwarded unchanged.")
-    strict: StrictBool | None = Field(
-        default=None,
-        description="Enforce the schema exactly; needs OpenAI's structural rules and a worker guaranteeing it.",
-    )
+    name: str
+    """The schema's name."""
+
+    description: str | None = None
+    """What the schema is for."""
+
+    # The Python name schema_ is not an accepted key: a body sending "schema_" is refused at its own path.
+    schema_: dict[str, Any] = Field(alias="schema")
+    """The JSON schema, forwarded unchanged."""
+
+    strict: StrictBool | None = None
+    """Enforce the schema exactly. Needs OpenAI's structural rules for strict schemas and a worker that guarantees
+    structured output (unless `horde.conformance` is `best_effort`)."""
 
 
 class ResponseFormat(_Strict):
-    """The reply format: text, a JSON object, or a JSON schema."""
+    """The reply format: text, a JSON object, or a JSON schema. Unknown keys are refused."""
 
-    type: Literal["text", "json_object", "json_schema"] = Field(description="The format.")
-    json_schema: JsonSchemaFormat | None = Field(default=None, description="With type json_schema.")
+    type: Literal["text", "json_object", "json_schema"]
+    """The format. `json_object` and `json_schema` need a worker declaring them."""
 
-
-class FunctionDefinition(BaseModel):
-    """A function the model may call."""
-
-    name: str = Field(description="1 to 64 characters of `[A-Za-z0-9_-]`.")
-    description: str | None = Field(default=None, description="What the function does.")
-    parameters: dict[str, Any] | None = Field(
-        default=None, description="The arguments' JSON schema, forwarded unchanged."
-    )
-    strict: StrictBool | None = Field(default=None, description="Apply OpenAI's strict schema rules to parameters.")
+    json_schema: JsonSchemaFormat | None = None
+    """With type `json_schema`: the schema (see [`JsonSchemaFormat`][horde_oai.schema.JsonSchemaFormat])."""
 
 
-class ToolDefinition(BaseModel):
-    """A tool definition; unknown keys are dropped."""
+class FunctionDefinition(_Documented):
+    """A function the model may call. Unknown keys are dropped."""
+
+    name: str
+    """1 to 64 characters of `[A-Za-z0-9_-]`."""
+
+    description: str | None = None
+    """What the function does."""
+
+    parameters: dict[str, Any] | None = None
+    """The arguments' JSON schema, forwarded unchanged."""
+
+    strict: StrictBool | None = None
+    """Apply OpenAI's strict schema rules to `parameters`."""
+
+
+class ToolDefinition(_Documented):
+    """A tool definition. Unknown keys are dropped."""
 
     type: Literal["function"] = "function"
+    """Always `function`."""
+
     function: FunctionDefinition
+    """The function the model may call."""
 
 
-class ToolChoiceFunction(BaseModel):
-    """A forced function choice."""
+class ToolChoiceFunction(_Documented):
+    """A forced function choice. Unknown keys are dropped."""
 
     type: Literal["function"] = "function"
-    function: dict[str, str] = Field(description="`{name}` of one of the tools.")
+    """Always `function`."""
+
+    function: dict[str, str]
+    """`{"name": ...}` of one of the tools."""
 
 
-class ChatMessage(BaseModel):
-    """One message. Keys outside the role's set are dropped; see the message roles in the docs."""
+class ChatMessage(_Documented):
+    """One message. Keys outside the role's set are dropped rather than refused, including what the OpenAI SDKs
+    add to a replayed streamed reply (refusal, audio, annotations, function_call, parsed)."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[dict[str, Any]] | None = Field(
-        default=None,
-        description="Text, or parts: `text` parts, and `image_url` parts on a user message. "
-        "Null only on an assistant message with tool calls.",
-    )
-    name: str | None = Field(default=None, description="On system, developer, user and assistant messages.")
-    tool_calls: list[dict[str, Any]] | None = Field(
-        default=None, description="On an assistant message: the calls it made."
-    )
-    tool_call_id: str | None = Field(default=None, description="On a tool message: the call it answers.")
+    """The author. Other roles, such as `function`, are refused."""
+
+    content: str | list[dict[str, Any]] | None = None
+    """Text, or parts: `text` parts, and `image_url` parts on a user message (images need a worker declaring
+    vision). Null only on an assistant message with tool calls."""
+
+    name: str | None = None
+    """On system, developer, user and assistant messages; dropped on a tool message."""
+
+    tool_calls: list[dict[str, Any]] | None = None
+    """On an assistant message only: the calls it made, each `{id, type, function: {name, arguments}}`."""
+
+    tool_call_id: str | None = None
+    """On a tool message: the id of the call it answers."""
 
 
 class ChatCompletionRequest(_Strict):
-    """The body of `POST /v1/chat/completions`, as the front validates it."""
+    """The body of `POST /v1/chat/completions`, as the front validates it. Unknown top-level keys are refused with
+    400 `UnsupportedChatParameter`."""
 
-    model: str | None = Field(default=None, description="The model. Send exactly one of model and models.")
-    models: list[str] | None = Field(
-        default=None,
-        description="1 to 5 distinct model ids; any listed model may serve the request (a Horde extension).",
-    )
-    messages: list[ChatMessage] = Field(description="The conversation, at least one message.")
-    max_tokens: int | None = Field(default=None, description="Completion limit, 16 to 16384, default 512.")
-    max_completion_tokens: int | None = Field(default=None, description="Same as max_tokens; equal if both.")
-    temperature: float | None = Field(default=None, description="0 to 2.")
-    top_p: float | None = Field(default=None, description="0 to 1.")
-    frequency_penalty: float | None = Field(default=None, description="-2 to 2; needs a worker declaring it.")
-    presence_penalty: float | None = Field(default=None, description="-2 to 2; needs a worker declaring it.")
-    seed: int | None = Field(default=None, description="Needs a worker declaring seed.")
-    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = Field(
-        default=None, description="Forwarded unchanged; needs a worker declaring reasoning_effort."
-    )
-    stop: str | list[str] | None = Field(default=None, description="Up to 4 stop sequences.")
-    n: int | None = Field(default=None, description="Only 1.")
-    stream: StrictBool | None = Field(default=None, description="Deliver the reply as server-sent events.")
+    model: str | None = None
+    """The model. Send exactly one of `model` and `models`."""
+
+    models: list[str] | None = None
+    """1 to 5 distinct model ids; any listed model may serve the request (an AI Horde extension)."""
+
+    messages: list[ChatMessage]
+    """The conversation, at least one message."""
+
+    max_tokens: int | None = None
+    """Completion limit, 16 to 16384, default 512. The AI Horde lowers a limit above every online worker's
+    declared limit for the model to the largest one declared."""
+
+    max_completion_tokens: int | None = None
+    """Same as `max_tokens`; when both are sent they must be equal."""
+
+    temperature: float | None = None
+    """0 to 2."""
+
+    top_p: float | None = None
+    """0 to 1."""
+
+    frequency_penalty: float | None = None
+    """-2 to 2; needs a worker declaring it."""
+
+    presence_penalty: float | None = None
+    """-2 to 2; needs a worker declaring it."""
+
+    seed: int | None = None
+    """Needs a worker declaring `seed`."""
+
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    """Forwarded unchanged; needs a worker declaring `reasoning_effort`."""
+
+    stop: str | list[str] | None = None
+    """Up to 4 stop sequences."""
+
+    n: int | None = None
+    """Only 1: the AI Horde returns one choice."""
+
+    stream: StrictBool | None = None
+    """Deliver the reply as server-sent events."""
+
     stream_options: StreamOptions | None = None
-    user: str | None = Field(default=None, description="Accepted and not applied.")
-    metadata: dict[str, str] | None = Field(default=None, description="Accepted and not applied.")
-    prompt_cache_key: str | None = Field(default=None, description="Accepted and not applied.")
-    safety_identifier: str | None = Field(default=None, description="Accepted and not applied.")
-    tools: list[ToolDefinition] | None = Field(default=None, description="At most 128 function tools.")
-    tool_choice: Literal["none", "auto", "required"] | ToolChoiceFunction | None = Field(
-        default=None, description="Only with tools."
-    )
-    parallel_tool_calls: StrictBool | None = Field(default=None, description="Only with tools.")
+    """Options of a streamed response (see [`StreamOptions`][horde_oai.schema.StreamOptions])."""
+
+    user: str | None = None
+    """Accepted and not applied."""
+
+    metadata: dict[str, str] | None = None
+    """Accepted and not applied."""
+
+    prompt_cache_key: str | None = None
+    """Accepted and not applied."""
+
+    safety_identifier: str | None = None
+    """Accepted and not applied."""
+
+    tools: list[ToolDefinition] | None = None
+    """At most 128 function tools; needs a worker declaring `tools`."""
+
+    tool_choice: Literal["none", "auto", "required"] | ToolChoiceFunction | None = None
+    """Only with `tools`. A forced choice needs a worker guaranteeing it (unless `horde.conformance` is
+    `best_effort`)."""
+
+    parallel_tool_calls: StrictBool | None = None
+    """Only with `tools`."""
+
     response_format: ResponseFormat | None = None
-    horde: ChatHordeOptions | None = Field(
-        default=None,
-        description="Horde options OpenAI has no key for, validated with the native route's rules. "
-        "horde.operation_key, when sent, is forwarded so a retried call is the same operation; otherwise "
-        "the front sends a fresh one per call. horde.dry_run is not available through the front.",
-    )
+    """The reply format (see [`ResponseFormat`][horde_oai.schema.ResponseFormat])."""
+
+    # Validated by horde_contract.parse_horde_options, the native route's own parser, not by this model.
+    horde: ChatHordeOptions | None = None
+    """AI Horde options OpenAI has no key for, validated with the native route's rules (see
+    [`ChatHordeOptions`][horde_contract.request.ChatHordeOptions]). `horde.operation_key`, when sent, is
+    forwarded so a retried call is the same operation. `horde.dry_run` is not available through the front."""
 
 
 REQUEST_FIELDS = frozenset(ChatCompletionRequest.model_fields)
@@ -276,6 +349,11 @@ def _is_default(value: Any, defaults: tuple[Any, ...]) -> bool:
         if type(value) is type(default) and value == default:
             return True
     return False
+
+
+def _with_article(role: str) -> str:
+    """``a user``, ``an assistant``: the article by the role's sound (every role but assistant takes ``a``)."""
+    return f"{'an' if role == 'assistant' else 'a'} {role}"
 
 
 def find_refused_parameter(body: dict[str, Any]) -> OpenAIError | None:
@@ -322,7 +400,7 @@ def find_refused_parameter(body: dict[str, Any]) -> OpenAIError | None:
                         return _unsupported(
                             f"Invalid value: '{kind}'. Supported values are: "
                             + " and ".join(f"'{a}'" for a in allowed)
-                            + f" on {'an' if str(role)[:1] in 'aeiou' else 'a'} {role} message.",
+                            + f" on {_with_article(str(role))} message.",
                             f"messages[{i}].content[{j}].type={kind}",
                         )
             if "tool_calls" in message and role in SUPPORTED_ROLES and role != "assistant":
@@ -412,8 +490,9 @@ def _path(loc: tuple[Any, ...]) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
         else:
-            name = "schema" if part == "schema_" else str(part)
-            out += f".{name}" if out else name
+            # Locations use the field aliases (json_schema's "schema"), so a "schema_" here is a key the client
+            # sent: an unknown key at its own path (spec: Parameter screening).
+            out += f".{part}" if out else str(part)
     return out
 
 
@@ -457,7 +536,10 @@ def _strip_union_tags(loc: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 def _validation_error(exc: ValidationError) -> OpenAIError:
-    error = exc.errors()[0]
+    errors = exc.errors()
+    # An unknown key is refused before any value, as screening refuses unknown top-level keys first: a body with
+    # json_schema.schema_ and no schema is told about schema_, the key it sent, not about the missing schema.
+    error = next((e for e in errors if e.get("type") == "extra_forbidden"), errors[0])
     loc = _strip_union_tags(tuple(error.get("loc", ())))
     path = _path(loc)
     kind = error.get("type", "")

@@ -45,6 +45,10 @@ class OaiSettings(HordeSettings):
     # How long a dropped relayed stream waits for its client to resume it (Last-Event-ID) before the front
     # cancels the request. 0 cancels at once.
     oai_stream_resume_grace_seconds: float = Field(default=3.0, ge=0)
+    # How long the request of a client that left waits for a retry of the same call (README: Retries and
+    # idempotency) before the front cancels it. The OpenAI SDKs retry a dropped connection within 0.5 to 8 s.
+    # Needs Redis; 0 cancels at once.
+    oai_retry_grace_seconds: float = Field(default=10.0, ge=0)
     # Largest body the front reads (the native MAX_CHAT_BODY_BYTES); larger returns 413.
     oai_max_body_bytes: int = Field(default=36 * 1024 * 1024, gt=0)
 

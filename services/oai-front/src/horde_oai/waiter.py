@@ -236,7 +236,10 @@ class ChatWait:
         try:
             return await self._loop(sub)
         except TimeoutError:
-            raise await self._refuse(timeout_error(self.request_id, self.budget)) from None
+            raise (await self._refuse(timeout_error(self.request_id, self.budget))).settled() from None
+        except OpenAIError as error:
+            # The Horde created the request and it ended (or was cancelled): a retry would meet it again.
+            raise error.settled() from None
         finally:
             await self.hub.unsubscribe(sub)
 

@@ -1,0 +1,235 @@
+"""Retries of one client call are one operation (beyond the spec; README *Retries and idempotency*).
+
+The OpenAI SDKs retry a 408, 409, 429, 5xx or dropped connection with the same body, and many clients send an
+``Idempotency-Key``. The front gives every retry of a call the native ``horde.operation_key`` of its first
+attempt, so the Horde answers the retry with the first request (200 ``{id, kudos}``, chat-requests.md
+*Operation key*): no second row, no second charge, and the client gets the first request's outcome.
+
+A call is named by its *call key*: SHA-256 over the API key's digest and either the client's Idempotency-Key or
+``horde.operation_key`` (kind ``idem``) or the request digest (kind ``body``: the native body without its
+stream flag and operation key). Its record ``horde:oai:operation:<call key>`` is a hash on the front's stream
+database, kept :data:`OPERATION_RECORD_TTL_SECONDS` (the native request's expiry):
+
+- ``op``: the operation key every attempt of the call submits with;
+- ``state``: ``open`` (a connection waits on it), ``retryable`` (none does: the last one ended with an error a
+  retry may fix, or dropped), ``delivered`` (its completion was sent) or ``final`` (an idem call's settled
+  error, kept in ``error`` and replayed);
+- ``live``: the connections waiting on it now.
+
+Which attempt takes over a record (:data:`CLAIM_SCRIPT`):
+
+=========== ================= ========================== ================================
+record      kind idem         kind body, declared retry  kind body, otherwise
+=========== ================= ========================== ================================
+none        new               new                        new
+open        joins             joins                      new (a concurrent identical call)
+retryable   joins             joins                      joins
+delivered   joins             joins                      new
+final       replays the error (deleted instead)          (deleted instead)
+=========== ================= ========================== ================================
+
+A declared retry carries ``x-stainless-retry-count`` above 0 (the OpenAI SDKs). A body call whose error
+settled it (``x-should-retry: false``) deletes its record, so a later identical call is a new operation. Every
+record operation is best effort: a Redis failure makes the call its own operation, never fails it. Without
+Redis no record is kept: an idem call's operation key is derived from its key, so the Horde still answers its
+retries with the first request, and every other call is its own operation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as redis
+
+from horde_oai.errors import OpenAIError
+
+log = logging.getLogger(__name__)
+
+OPERATION_RECORD_PREFIX = "horde:oai:operation:"
+# The native request expires 20 minutes after submission; a retry after that has nothing to join.
+OPERATION_RECORD_TTL_SECONDS = 20 * 60
+IDEMPOTENCY_KEY_HEADER = "idempotency-key"
+SDK_RETRY_COUNT_HEADER = "x-stainless-retry-count"
+# Namespace of the operation keys derived from an Idempotency-Key when the front runs without Redis.
+IDEMPOTENCY_NAMESPACE = uuid.UUID("0f4b6a52-6d1f-4c55-9c7e-2b8f0a1d7e93")
+
+# KEYS[1]: the record; ARGV: new operation key, kind, declared retry (1/0), ttl.
+# Returns {'new', op}, {'joined', op} or {'final', error json}.
+CLAIM_SCRIPT = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if state then
+  if state == 'final' then
+    if ARGV[2] == 'idem' then return {'final', redis.call('HGET', KEYS[1], 'error') or ''} end
+  elseif ARGV[2] == 'idem' or state == 'retryable' or ARGV[3] == '1' then
+    redis.call('HINCRBY', KEYS[1], 'live', 1)
+    redis.call('HSET', KEYS[1], 'state', 'open')
+    redis.call('EXPIRE', KEYS[1], ARGV[4])
+    return {'joined', redis.call('HGET', KEYS[1], 'op')}
+  end
+end
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'op', ARGV[1], 'state', 'open', 'live', 1)
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+return {'new', ARGV[1]}
+"""
+# KEYS[1]: the record; ARGV: operation key, outcome (delivered, retryable, dropped, final, refused), error json,
+# kind, ttl. A record that holds another operation (replaced meanwhile) is left alone. Returns the live count.
+END_SCRIPT = """
+if redis.call('HGET', KEYS[1], 'op') ~= ARGV[1] then return -1 end
+if ARGV[2] == 'refused' then
+  redis.call('DEL', KEYS[1])
+  return 0
+end
+if ARGV[2] == 'final' then
+  if ARGV[4] == 'idem' then
+    redis.call('HSET', KEYS[1], 'state', 'final', 'error', ARGV[3], 'live', 0)
+    redis.call('EXPIRE', KEYS[1], ARGV[5])
+  else
+    redis.call('DEL', KEYS[1])
+  end
+  return 0
+end
+local live = redis.call('HINCRBY', KEYS[1], 'live', -1)
+if live <= 0 then
+  local state = 'retryable'
+  if ARGV[2] == 'delivered' then state = 'delivered' end
+  redis.call('HSET', KEYS[1], 'live', 0, 'state', state)
+  return 0
+end
+return live
+"""
+# KEYS[1]: the record; ARGV[1]: operation key. After a dropped connection's grace: 0 when a retry joined the
+# call meanwhile (it goes on), else the record is deleted and 1 returned (the request is abandoned).
+CLOSE_SCRIPT = """
+if redis.call('HGET', KEYS[1], 'op') ~= ARGV[1] then return 1 end
+if tonumber(redis.call('HGET', KEYS[1], 'live') or '0') > 0 then return 0 end
+redis.call('DEL', KEYS[1])
+return 1
+"""
+
+
+def operation_record_key(call_key: str) -> str:
+    """``horde:oai:operation:<call key>``: the record of one client call, on the stream database."""
+    return f"{OPERATION_RECORD_PREFIX}{call_key}"
+
+
+def declared_retry(headers: Any) -> bool:
+    """True when the attempt says it is a retry: ``x-stainless-retry-count`` above 0."""
+    value = headers.get(SDK_RETRY_COUNT_HEADER)
+    try:
+        return value is not None and int(value) > 0
+    except ValueError:
+        return False
+
+
+@dataclass(slots=True)
+class Call:
+    """One attempt's hold on its call's record. ``tracked`` is False without a record (no Redis, or a Redis
+    failure at the claim): then ending, dropping and closing do nothing, and a dropped call is abandoned."""
+
+    records: OperationRecords
+    call_key: str
+    operation_key: str
+    kind: str
+    joined: bool
+    tracked: bool
+    ended: bool = False
+
+    async def end(self, outcome: str, error: OpenAIError | None = None) -> None:
+        """The attempt ended: ``delivered`` (completion sent), ``retryable`` (an error a retry of the same call
+        may fix: ``x-should-retry: true``), ``dropped`` (the client left; :meth:`close` after the grace
+        decides), ``final`` (an error that settled a request the Horde created: an idem call replays it) or
+        ``refused`` (an error that settled the call before any request existed: the record goes, so a later
+        attempt is a new operation). Once per attempt."""
+        if self.ended:
+            return
+        self.ended = True
+        if self.tracked:
+            payload = json.dumps(error.to_record()) if error is not None else ""
+            await self.records.run(
+                END_SCRIPT, self.call_key, self.operation_key, outcome, payload, self.kind, OPERATION_RECORD_TTL_SECONDS
+            )
+
+    async def end_with(self, error: OpenAIError, *, created: bool) -> None:
+        """End with ``error``: ``retryable`` when it says ``x-should-retry: true``, else ``final`` for a request
+        the Horde ``created``, ``refused`` otherwise. A joined attempt refused at submit (another body under the
+        same Idempotency-Key: 400 OperationKeyConflict) only lets go: the call belongs to its first attempt."""
+        if error.should_retry or (self.joined and not created):
+            await self.end("retryable", error)
+        else:
+            await self.end("final" if created else "refused", error)
+
+    async def close(self) -> bool:
+        """A dropped attempt's grace ended: True when no retry joined the call (its record is deleted and its
+        request may be cancelled), False when one did."""
+        if not self.tracked:
+            return True
+        found = await self.records.run(CLOSE_SCRIPT, self.call_key, self.operation_key)
+        return found is None or int(found) != 0
+
+
+class OperationRecords:
+    """The call records on ``client`` (None: no records, see the module docstring)."""
+
+    def __init__(self, client: redis.Redis | None) -> None:
+        self.client = client
+
+    def untracked(self) -> Call:
+        """A call without a record (a resumed stream, which is no new call)."""
+        return Call(self, "", "", "body", joined=False, tracked=False)
+
+    async def run(self, script: str, call_key: str, *args: Any) -> Any:
+        """Run a record script; None when Redis failed (logged)."""
+        if self.client is None:
+            return None
+        try:
+            return await self.client.eval(script, 1, operation_record_key(call_key), *args)
+        except Exception:
+            log.warning("operation record script failed", exc_info=True)
+            return None
+
+    async def claim(
+        self,
+        key_digest: str,
+        body_digest: str,
+        *,
+        idempotency_key: str | None,
+        client_operation_key: str | None,
+        declared: bool,
+    ) -> Call | OpenAIError:
+        """The attempt's :class:`Call`, or the settled error an idem call replays.
+
+        ``key_digest`` is the API key's digest, ``body_digest`` the request digest; ``idempotency_key`` the
+        header, ``client_operation_key`` a ``horde.operation_key`` the client chose (it then stays the
+        operation key), ``declared`` whether the attempt declares itself a retry.
+        """
+        if client_operation_key:
+            kind, ident = "idem", f"op:{client_operation_key}"
+        elif idempotency_key is not None:
+            kind, ident = "idem", f"key:{idempotency_key}"
+        else:
+            kind, ident = "body", f"body:{body_digest}"
+        call_key = hashlib.sha256(f"{key_digest}\n{ident}".encode("utf-8", "surrogatepass")).hexdigest()
+        if client_operation_key:
+            fresh = client_operation_key
+        elif kind == "idem" and self.client is None:
+            fresh = str(uuid.uuid5(IDEMPOTENCY_NAMESPACE, call_key))
+        else:
+            fresh = str(uuid.uuid4())
+        found = await self.run(
+            CLAIM_SCRIPT, call_key, fresh, kind, "1" if declared else "0", OPERATION_RECORD_TTL_SECONDS
+        )
+        if not isinstance(found, list) or len(found) != 2:
+            return Call(self, call_key, fresh, kind, joined=False, tracked=False)
+        verdict, value = str(found[0]), str(found[1])
+        if verdict == "final":
+            replayed = OpenAIError.from_record(value)
+            if replayed is not None:
+                return replayed
+            return Call(self, call_key, fresh, kind, joined=False, tracked=False)
+        return Call(self, call_key, value, kind, joined=verdict == "joined", tracked=True)

@@ -1,0 +1,194 @@
+"""The call records that make a retry the same operation (README: Retries and idempotency), against a real
+Redis: which attempt joins, which starts anew, what an idempotency key replays, and what a dropped
+connection's grace decides."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from horde_oai.errors import OpenAIError
+from horde_oai.operations import OPERATION_RECORD_TTL_SECONDS, Call, OperationRecords, operation_record_key
+
+
+@pytest.fixture
+async def records(signal_redis) -> OperationRecords:
+    return OperationRecords(signal_redis)
+
+
+def fresh_key() -> str:
+    return uuid.uuid4().hex
+
+
+async def claim(
+    records: OperationRecords,
+    key: str,
+    body: str = "body-1",
+    *,
+    idem: str | None = None,
+    op: str | None = None,
+    declared: bool = False,
+) -> Call | OpenAIError:
+    return await records.claim(key, body, idempotency_key=idem, client_operation_key=op, declared=declared)
+
+
+async def stored(signal_redis, call: Call) -> dict[str, str]:
+    return await signal_redis.hgetall(operation_record_key(call.call_key))
+
+
+async def test_a_new_call_gets_a_fresh_operation_key_and_an_open_record(records, signal_redis):
+    call = await claim(records, fresh_key())
+    assert isinstance(call, Call) and call.tracked and not call.joined
+    uuid.UUID(call.operation_key)
+    assert await stored(signal_redis, call) == {"op": call.operation_key, "state": "open", "live": "1"}
+    assert 0 < await signal_redis.ttl(operation_record_key(call.call_key)) <= OPERATION_RECORD_TTL_SECONDS
+
+
+async def test_after_a_retryable_error_the_same_body_joins_the_first_operation(records, signal_redis):
+    key = fresh_key()
+    first = await claim(records, key)
+    assert isinstance(first, Call)
+    await first.end_with(OpenAIError(502, "The Horde could not be reached: x", "HordeUnavailable"), created=False)
+    assert (await stored(signal_redis, first))["state"] == "retryable"
+    retry = await claim(records, key)  # no retry header: a retry loop of any client
+    assert isinstance(retry, Call) and retry.joined
+    assert retry.operation_key == first.operation_key
+    assert await stored(signal_redis, retry) == {"op": first.operation_key, "state": "open", "live": "1"}
+
+
+async def test_a_concurrent_identical_call_is_its_own_operation_unless_it_declares_a_retry(records):
+    key = fresh_key()
+    first = await claim(records, key)
+    other = await claim(records, key)
+    assert isinstance(first, Call) and isinstance(other, Call)
+    assert not other.joined and other.operation_key != first.operation_key
+    declared = await claim(records, key, declared=True)
+    assert isinstance(declared, Call) and declared.joined
+    assert declared.operation_key == other.operation_key
+
+
+async def test_a_replaced_record_is_not_touched_by_the_attempt_it_replaced(records, signal_redis):
+    key = fresh_key()
+    first = await claim(records, key)
+    second = await claim(records, key)
+    assert isinstance(first, Call) and isinstance(second, Call)
+    await first.end("delivered")
+    assert await stored(signal_redis, second) == {"op": second.operation_key, "state": "open", "live": "1"}
+
+
+async def test_a_delivered_body_call_is_joined_only_by_a_declared_retry(records, signal_redis):
+    key = fresh_key()
+    first = await claim(records, key)
+    assert isinstance(first, Call)
+    await first.end("delivered")
+    assert (await stored(signal_redis, first))["state"] == "delivered"
+    retry = await claim(records, key, declared=True)
+    assert isinstance(retry, Call) and retry.joined and retry.operation_key == first.operation_key
+    await retry.end("delivered")
+    again = await claim(records, key)
+    assert isinstance(again, Call) and not again.joined and again.operation_key != first.operation_key
+
+
+async def test_a_settled_body_call_is_forgotten(records, signal_redis):
+    key = fresh_key()
+    first = await claim(records, key)
+    assert isinstance(first, Call)
+    error = OpenAIError(408, "The request did not complete", "ChatRequestTimeout").settled()
+    await first.end_with(error, created=True)
+    assert await stored(signal_redis, first) == {}
+    again = await claim(records, key, declared=True)
+    assert isinstance(again, Call) and not again.joined
+
+
+async def test_an_idempotency_key_replays_the_settled_error_of_its_request(records, signal_redis):
+    key = fresh_key()
+    first = await claim(records, key, idem="idem-1")
+    assert isinstance(first, Call)
+    error = OpenAIError(
+        502,
+        "The AI Horde faulted the request: boom",
+        "ChatRequestFaulted",
+        metadata={"request_id": "r-1", "fault_reason": "boom"},
+        headers={"x-should-retry": "false"},
+    )
+    await first.end_with(error, created=True)
+    record = await stored(signal_redis, first)
+    assert record["state"] == "final" and json.loads(record["error"])["status"] == 502
+    replay = await claim(records, key, "another body", idem="idem-1")
+    assert isinstance(replay, OpenAIError)
+    assert replay.body() == error.body() and replay.status == 502
+    assert replay.headers["x-should-retry"] == "false"
+    # Another key, or the same idempotency key under another API key, is another call.
+    assert isinstance(await claim(records, key, idem="idem-2"), Call)
+    assert isinstance(await claim(records, fresh_key(), idem="idem-1"), Call)
+
+
+async def test_an_idempotency_key_refused_before_any_request_starts_over(records, signal_redis):
+    key = fresh_key()
+    first = await claim(records, key, idem="k")
+    assert isinstance(first, Call)
+    await first.end_with(OpenAIError(400, "bad", "BadRequest"), created=False)
+    assert await stored(signal_redis, first) == {}
+    again = await claim(records, key, idem="k")
+    assert isinstance(again, Call) and not again.joined
+
+
+async def test_an_idempotency_key_always_joins_a_live_or_delivered_call(records):
+    key = fresh_key()
+    first = await claim(records, key, idem="k")
+    joined = await claim(records, key, idem="k")
+    assert isinstance(first, Call) and isinstance(joined, Call)
+    assert joined.joined and joined.operation_key == first.operation_key
+    await first.end("delivered")
+    await joined.end("delivered")
+    later = await claim(records, key, idem="k")
+    assert isinstance(later, Call) and later.joined and later.operation_key == first.operation_key
+
+
+async def test_a_client_operation_key_is_the_operation_key(records):
+    op = str(uuid.uuid4())
+    call = await claim(records, fresh_key(), op=op)
+    assert isinstance(call, Call) and call.operation_key == op and call.kind == "idem"
+
+
+async def test_a_drop_leaves_the_call_to_a_retry_until_its_grace_ends(records, signal_redis):
+    key = fresh_key()
+    first = await claim(records, key)
+    assert isinstance(first, Call)
+    await first.end("dropped")
+    assert await stored(signal_redis, first) == {"op": first.operation_key, "state": "retryable", "live": "0"}
+    retry = await claim(records, key)
+    assert isinstance(retry, Call) and retry.joined
+    assert await first.close() is False  # a retry joined: the request goes on
+    await retry.end("dropped")
+    assert await retry.close() is True  # nobody came back: the record goes, the request may be cancelled
+    assert await stored(signal_redis, retry) == {}
+
+
+async def test_without_redis_an_idempotency_key_still_names_one_operation():
+    records = OperationRecords(None)
+    first = await claim(records, "k", idem="i")
+    again = await claim(records, "k", idem="i")
+    plain = await claim(records, "k")
+    plain_again = await claim(records, "k")
+    assert isinstance(first, Call) and isinstance(again, Call)
+    assert not first.tracked and first.operation_key == again.operation_key
+    assert isinstance(plain, Call) and isinstance(plain_again, Call)
+    assert plain.operation_key != plain_again.operation_key
+    assert await first.close() is True
+
+
+async def test_another_body_under_a_used_key_does_not_take_the_call_away(records, signal_redis):
+    key = fresh_key()
+    first = await claim(records, key, idem="k")
+    assert isinstance(first, Call)
+    await first.end("delivered")
+    conflicting = await claim(records, key, "another body", idem="k")
+    assert isinstance(conflicting, Call) and conflicting.joined
+    conflict = OpenAIError(400, "The operation key was used for another request.", "OperationKeyConflict")
+    await conflicting.end_with(conflict, created=False)
+    record = await stored(signal_redis, first)
+    assert record["op"] == first.operation_key and record["live"] == "0"
+    later = await claim(records, key, idem="k")
+    assert isinstance(later, Call) and later.joined and later.operation_key == first.operation_key
