@@ -380,6 +380,10 @@ class ScriptedHorde:
                 self.end_headers()
                 self.wfile.write(raw)
 
+            def do_GET(self) -> None:
+                # The model list: the connection closes without an answer (a transport error at the front).
+                self.close_connection = True
+
             def log_message(self, *args: Any) -> None:
                 pass
 
@@ -660,3 +664,27 @@ def test_the_front_process_exposes_the_native_call_latency(lone_front):
         time.sleep(0.1)
     assert 'horde_oai_native_duration_count{route="models",status_class="error"}' in text
     assert 'horde_oai_native_duration_bucket{le="0.001",route="models",status_class="error"}' in text
+
+
+def test_a_size_gap_at_submit_keeps_its_message_when_the_model_list_fails(scripted):
+    horde, front = scripted
+    gap = {"kind": "declaration_gap", "missing_declarations": [], "exceeded_limits": ["max_length"]}
+    horde.answer = (
+        403,
+        {"message": "No worker can serve this request.", "rc": "NoEligibleWorker", "impossible_reason": gap},
+        {},
+    )
+    response = httpx.post(
+        f"{front.url}/v1/chat/completions", json={"model": "m", "messages": MESSAGES}, headers=lone_headers()
+    )
+    assert response.status_code == 400, response.text
+    assert response.headers["x-should-retry"] == "false"
+    assert response.json() == {
+        "error": {
+            "message": "No worker eligible for this request currently declares a completion limit that high "
+            "(max_length).",
+            "type": "invalid_request_error",
+            "param": "max_tokens",
+            "code": "no_worker_supports_limit",
+        }
+    }

@@ -189,6 +189,7 @@ from .text_params import (
     parse_text_params,
 )
 from .vocab import (
+    ANONYMOUS_API_KEY,
     CHAT_WORKER_FAULT_MESSAGES,
     IMAGE_CARRYING_TRANSPORTS,
     KNOWN_CHAT_FEATURES,
@@ -210,6 +211,7 @@ from .vocab import (
 )
 
 __all__ = [
+    "ANONYMOUS_API_KEY",
     "CHARS_PER_TOKEN",
     "CHAT_CHARGE_BASIS_OUTPUT_ESTIMATE",
     "CHAT_EXTRAS_KEYS",

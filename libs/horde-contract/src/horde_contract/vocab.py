@@ -10,6 +10,9 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Final
 
+# The shared anonymous API key of the AI Horde (user id 0): every anonymous client sends the same key.
+ANONYMOUS_API_KEY: Final = "0000000000"
+
 
 class ChatFeature(StrEnum):
     """Optional capabilities a worker declares in ``chat_features`` (*Chat declaration on pop*)."""

@@ -21,7 +21,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from horde_contract import ChatContractError, load_json_body, parse_chat_request
+from horde_contract import ANONYMOUS_API_KEY, ChatContractError, load_json_body, parse_chat_request
 from horde_core.body import BodyReadTimeout, BodyTooLarge, read_bounded_body
 
 from horde_oai.deltas import FIRST_ID, MAX_STREAM_CONNECTIONS, StreamBusy
@@ -413,8 +413,12 @@ async def chat_completions(request: Request) -> Response:
     models = requested_models(screened)
     if resume_at is not None and resumed is not None:
         return await _resume(request, record, screened, resume_at, resumed)
+    # Anonymous clients share one key: their calls are told apart by address too.
+    caller = key_digest(apikey)
+    if apikey == ANONYMOUS_API_KEY and request.client:
+        caller = key_digest(f"{apikey}@{request.client.host}")
     claim = await state.operations.claim(
-        key_digest(apikey),
+        caller,
         request_digest(native_body),
         idempotency_key=request.headers.get(IDEMPOTENCY_KEY_HEADER),
         client_operation_key=(screened.get("horde") or {}).get("operation_key"),

@@ -5,7 +5,8 @@ The OpenAI SDKs retry a 408, 409, 429, 5xx or dropped connection with the same b
 attempt, so the Horde answers the retry with the first request (200 ``{id, kudos}``, chat-requests.md
 *Operation key*): no second row, no second charge, and the client gets the first request's outcome.
 
-A call is named by its *call key*: SHA-256 over the API key's digest and either the client's Idempotency-Key or
+A call is named by its *call key*: SHA-256 over its caller (the API key's digest; for the shared anonymous
+key, with the client's address) and either the client's Idempotency-Key or
 ``horde.operation_key`` (kind ``idem``) or the request digest (kind ``body``: the native body without its
 stream flag and operation key). Its record ``horde:oai:operation:<call key>`` is a hash on the front's stream
 database, kept :data:`OPERATION_RECORD_TTL_SECONDS` (the native request's expiry):
@@ -195,7 +196,7 @@ class OperationRecords:
 
     async def claim(
         self,
-        key_digest: str,
+        caller: str,
         body_digest: str,
         *,
         idempotency_key: str | None,
@@ -204,9 +205,9 @@ class OperationRecords:
     ) -> Call | OpenAIError:
         """The attempt's :class:`Call`, or the settled error an idem call replays.
 
-        ``key_digest`` is the API key's digest, ``body_digest`` the request digest; ``idempotency_key`` the
-        header, ``client_operation_key`` a ``horde.operation_key`` the client chose (it then stays the
-        operation key), ``declared`` whether the attempt declares itself a retry.
+        ``caller`` names the caller (see the module docstring), ``body_digest`` is the request digest,
+        ``idempotency_key`` the header, ``client_operation_key`` a ``horde.operation_key`` the client chose (it
+        then stays the operation key), ``declared`` whether the attempt declares itself a retry.
         """
         if client_operation_key:
             kind, ident = "idem", f"op:{client_operation_key}"
@@ -214,7 +215,7 @@ class OperationRecords:
             kind, ident = "idem", f"key:{idempotency_key}"
         else:
             kind, ident = "body", f"body:{body_digest}"
-        call_key = hashlib.sha256(f"{key_digest}\n{ident}".encode("utf-8", "surrogatepass")).hexdigest()
+        call_key = hashlib.sha256(f"{caller}\n{ident}".encode("utf-8", "surrogatepass")).hexdigest()
         if client_operation_key:
             fresh = client_operation_key
         elif kind == "idem" and self.client is None:
