@@ -8,6 +8,7 @@ host:port work without wildcard DNS; S3 and R2 accept it too.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -17,7 +18,16 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
+log = logging.getLogger(__name__)
+
 DEFAULT_IMAGE_BUCKET = "horde-chat-images"
+
+#: S3 DeleteObjects takes at most 1000 keys per call.
+DELETE_OBJECTS_BATCH = 1000
+
+#: Per-key error codes that mean the object is not stored (any more): the key counts as deleted. S3 itself
+#: answers a missing key as deleted; some S3-compatible stores report it as an error instead.
+_GONE_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
 
 
 @dataclass(frozen=True)
@@ -139,3 +149,51 @@ def chat_image_key(request_id: object, n: int) -> str:
 def chat_messages_key(request_id: object) -> str:
     """``<request id>_chat_messages.json`` (spec: Messages offload)."""
     return f"{request_id}_chat_messages.json"
+
+
+def delete_objects(client: Any, bucket: str, keys: Iterable[str]) -> list[str]:
+    """Delete ``keys`` from ``bucket`` with S3 DeleteObjects (batches of :data:`DELETE_OBJECTS_BATCH`, quiet
+    mode) and return the keys that were **not** deleted, in order, so the caller can queue them for a retry
+    (spec: chat-requests.md *Images*: "A key the store does not delete is added to the Redis set
+    horde:chat:image_delete_retry").
+
+    A key is not deleted when its batch's call raised (a transport error, an unknown bucket, AccessDenied on
+    the whole request: every key of that batch), or when the answer lists it under ``Errors`` (a per-key
+    failure, e.g. ``{"Key": k, "Code": "AccessDenied", "Message": "Access Denied"}`` for a key a bucket
+    policy or an object lock protects; HTTP 200 for the call). A per-key ``NoSuchKey`` counts as deleted; an
+    ``Errors`` entry that names no key fails its whole batch, since the answer does not say which key it
+    was. Each failure is logged (WARNING) with the bucket, the key and the store's code. Synchronous
+    (boto3): async callers run it in a thread. Never raises for a store failure.
+    """
+    failed: list[str] = []
+    batch_keys = list(dict.fromkeys(keys))
+    for start in range(0, len(batch_keys), DELETE_OBJECTS_BATCH):
+        batch = batch_keys[start : start + DELETE_OBJECTS_BATCH]
+        try:
+            answer = client.delete_objects(
+                Bucket=bucket, Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True}
+            )
+        except Exception:
+            log.warning("object delete failed", extra={"bucket": bucket, "keys": len(batch)}, exc_info=True)
+            failed.extend(batch)
+            continue
+        errors = answer.get("Errors") or []
+        refused: set[str] = set()
+        for error in errors:
+            key, code = error.get("Key"), str(error.get("Code") or "")
+            if key is None:
+                log.warning(
+                    "object delete error without a key; the batch is retried",
+                    extra={"bucket": bucket, "code": code, "error_message": error.get("Message")},
+                )
+                refused.update(batch)
+                break
+            if code in _GONE_CODES:
+                continue
+            log.warning(
+                "object not deleted",
+                extra={"bucket": bucket, "key": key, "code": code, "error_message": error.get("Message")},
+            )
+            refused.add(str(key))
+        failed.extend(k for k in batch if k in refused)
+    return failed

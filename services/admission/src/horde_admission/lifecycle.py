@@ -84,11 +84,19 @@ async def read_status_body(state: AdmissionState, request_id: str, is_chat: bool
         return await build_status(conn, head, gens, is_chat, availability)
 
 
-async def settle_streamed(state: AdmissionState, generation_ids: list[uuid.UUID]) -> None:
-    """Ask submit to settle each in-flight streamed generation on its posted content (spec: Pricing).
+async def settle_streamed(state: AdmissionState, generation_ids: list[uuid.UUID]) -> list[uuid.UUID]:
+    """Ask submit to settle each in-flight streamed generation on its posted content (spec: Pricing; one
+    ``SettlementService.SettleCancelledGeneration`` call each, ``settlement_timeout_seconds`` apiece).
 
-    UNIMPLEMENTED (submit not there yet) and other failures are logged; the cancel stands either way.
+    Returns the generations whose call failed (any error: a gRPC status, a timeout, a broken channel; each
+    logged at WARNING). The cancel stands either way and is never failed by this: a generation whose call
+    failed stays pending, and its settlement is left to submit's rules, which settle a pending generation of
+    a cancelled streamed request as cancelled (paid on its posted content, faulted as cancelled, not counted
+    against its worker) at whichever comes first of the janitor's next pass, the lapse of its lease, the
+    worker's reply (answered 400 AbortedGen) or its faulted submit. So a failed call delays the settlement by at
+    most one janitor pass and never leaves the worker penalised for the job it was told to drop.
     """
+    failed: list[uuid.UUID] = []
     for gen_id in generation_ids:
         try:
             await state.settlement.SettleCancelledGeneration(
@@ -96,18 +104,31 @@ async def settle_streamed(state: AdmissionState, generation_ids: list[uuid.UUID]
                 timeout=state.settings.settlement_timeout_seconds,
             )
         except grpc.aio.AioRpcError as exc:
-            level = logging.INFO if exc.code() == grpc.StatusCode.UNIMPLEMENTED else logging.WARNING
-            log.log(level, "SettleCancelledGeneration %s: %s %s", gen_id, exc.code(), exc.details())
+            failed.append(gen_id)
+            log.warning(
+                "cancel: SettleCancelledGeneration failed; the janitor settles the generation",
+                extra={"generation_id": str(gen_id), "code": str(exc.code()), "details": exc.details()},
+            )
+        except Exception:
+            failed.append(gen_id)
+            log.warning(
+                "cancel: SettleCancelledGeneration failed; the janitor settles the generation",
+                extra={"generation_id": str(gen_id)},
+                exc_info=True,
+            )
+    return failed
 
 
 async def cancel_and_report(state: AdmissionState, request_id: str, is_chat: bool) -> dict[str, Any]:
     """Cancel a request and return its status after the cancel; 404 RequestNotFound for another family.
 
     The cancel sets ``n = 0`` and ``cancelled``; in-flight jobs finish, except streamed chat jobs: each is
-    settled on its posted content through submit's SettlementService, then its lease is flagged cancelled
-    and its stream gets the ended entry (``horde_core.chat_stream.flag_cancelled_leases``, on the signal
-    database; best effort). The claiming call publishes ``cancelled`` on the completion signal
-    after its commit.
+    settled on its posted content through submit's SettlementService (:func:`settle_streamed`; a failed call
+    is settled later by submit's rules, never charged to the worker as a dropped job), then its lease is
+    flagged cancelled and its stream gets the ended entry (``horde_core.chat_stream.flag_cancelled_leases``,
+    on the signal database; best effort), whether or not the settlement got through, so the worker stops.
+    The claiming call publishes ``cancelled`` on the completion signal after its commit. The body is the
+    status after the cancel: a generation whose settlement is still to come is reported as processing.
     """
     rid = parse_request_id(request_id, is_chat)
     async with state.pool.acquire() as conn:

@@ -28,13 +28,15 @@ async def run_loop(janitor: Janitor, interval: float) -> None:
     while True:
         try:
             result = await janitor.run_pass()
-            if result.expired or result.stale_faulted:
+            if result.expired or result.stale_faulted or result.cancels_settled:
                 log.info(
                     "janitor pass",
                     extra={
                         "expired": result.expired,
                         "stale_faulted": result.stale_faulted,
                         "requests_faulted": result.requests_faulted,
+                        "cancels_settled": result.cancels_settled,
+                        "leases_ended": result.leases_ended,
                     },
                 )
         except asyncio.CancelledError:

@@ -3,7 +3,9 @@
 
 Keys ending in ``_chat_messages.json`` live in the messages bucket, every other key in the image bucket. A key
 the store does not delete goes to the Redis set ``horde:chat:image_delete_retry`` (bounded at 100,000 keys;
-past it keys are logged); each pass retries up to 1000 of them and removes each key that deletes.
+past it keys are logged); each pass retries up to 1000 of them and removes each key that deletes. "Does not
+delete" covers a failed DeleteObjects call (every key of it) and each key the call's answer lists under
+``Errors`` (a per-key failure in an HTTP 200 answer): ``horde_store.objects.delete_objects`` decides.
 """
 
 from __future__ import annotations
@@ -15,13 +17,14 @@ from typing import Any
 
 import redis.asyncio as redis
 from horde_core.redis_keys import CHAT_IMAGE_DELETE_RETRY_KEY
+from horde_store.objects import DELETE_OBJECTS_BATCH, delete_objects
 
 log = logging.getLogger(__name__)
 
 MESSAGES_SUFFIX = "_chat_messages.json"
 MAX_CHAT_IMAGE_DELETE_RETRY_KEYS = 100_000
 RETRY_BATCH = 1000
-DELETE_BATCH = 1000  # S3 DeleteObjects takes at most 1000 keys
+DELETE_BATCH = DELETE_OBJECTS_BATCH  # S3 DeleteObjects takes at most 1000 keys
 
 
 class ObjectCleaner:
@@ -39,27 +42,19 @@ class ObjectCleaner:
         return self.messages_bucket if key.endswith(MESSAGES_SUFFIX) else self.image_bucket
 
     def _delete_sync(self, keys: Sequence[str]) -> list[str]:
-        """Delete ``keys``; returns the keys that did not delete."""
+        """Delete ``keys``, each from its bucket; returns the keys that did not delete (a failed call's keys
+        and the per-key ``Errors`` of a call that answered: :func:`horde_store.objects.delete_objects`)."""
         failed: list[str] = []
         by_bucket: dict[str, list[str]] = {}
         for key in keys:
             by_bucket.setdefault(self._bucket(key), []).append(key)
         for bucket, bucket_keys in by_bucket.items():
-            for start in range(0, len(bucket_keys), DELETE_BATCH):
-                batch = bucket_keys[start : start + DELETE_BATCH]
-                try:
-                    answer = self.client.delete_objects(
-                        Bucket=bucket, Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True}
-                    )
-                except Exception:
-                    log.warning("chat object delete failed", extra={"bucket": bucket}, exc_info=True)
-                    failed.extend(batch)
-                    continue
-                failed.extend(err["Key"] for err in answer.get("Errors", ()) if "Key" in err)
+            failed.extend(delete_objects(self.client, bucket, bucket_keys))
         return failed
 
     async def delete(self, keys: Iterable[str]) -> int:
-        """Delete ``keys``, queueing the ones that fail for retry; returns how many failed."""
+        """Delete ``keys``, queueing the ones that fail (the call failed, or the store refused that key) in
+        the retry set; returns how many failed."""
         keys = list(dict.fromkeys(keys))
         if not keys:
             return 0
@@ -78,7 +73,8 @@ class ObjectCleaner:
             log.error("chat object delete retry not queued", extra={"keys": list(keys)}, exc_info=True)
 
     async def retry(self) -> int:
-        """Retry up to 1000 queued keys; returns how many deleted (and left the set)."""
+        """Retry up to 1000 queued keys; returns how many deleted (and left the set). A key the store refuses
+        again stays in the set for the next pass."""
         try:
             found = await self.redis.srandmember(CHAT_IMAGE_DELETE_RETRY_KEY, RETRY_BATCH)
         except Exception:

@@ -72,11 +72,32 @@ class GenerationContext:
     prompt_characters: int
     request_cancelled: bool
     jobs: int
+    request_expired: bool = False
 
     @property
     def pending(self) -> bool:
         """Neither stored nor faulted: the only state a reply can claim."""
         return not self.submitted and not self.faulted
+
+    @property
+    def cancel_settles(self) -> bool:
+        """A pending, real generation of a cancelled request that streams progress.
+
+        The cancel settles such a generation on the content its worker posted and faults it as cancelled (spec:
+        **Pricing**, **Streaming progress**); when the cancel's settlement call did not get through, whichever
+        of the worker's submit, its fault, the lapse of its lease or the janitor's sweep reaches it first
+        settles it the same way, so the worker is paid for what it posted and never counted as having dropped
+        the job.
+        """
+        return self.pending and self.request_cancelled and self.streamed and not self.fake
+
+    @property
+    def aborted(self) -> bool:
+        """A reply to this generation is refused with AbortedGen (spec: **Structured submit**, **Job lease**):
+        it is faulted (its lease lapsed, the worker faulted it, or the cancel settled it), or it is still
+        pending but its request is past its expiry (the pop refreshes the expiry to 20 minutes ahead and a
+        lease lasts at most 600 s, so such a lease lapsed long ago)."""
+        return self.faulted or (self.pending and self.request_expired)
 
     @property
     def served_model(self) -> str | None:
@@ -94,7 +115,7 @@ SELECT g.id, g.wp_id, g.worker_id, g.model, g.assigned_model,
        w.bridge_agent,
        wp.user_id AS requester_id, wp.is_chat, wp.chat_extras, wp.chat_conformance, wp.stream_progress,
        wp.max_length, wp.max_context_length, length(wp.prompt) AS prompt_characters, wp.jobs,
-       wp.cancelled AS request_cancelled
+       wp.cancelled AS request_cancelled, wp.expiry <= now() AS request_expired
   FROM processing_gens g
   JOIN waiting_prompts wp ON wp.id = g.wp_id
   JOIN workers w ON w.id = g.worker_id
@@ -139,6 +160,7 @@ async def load_context(conn: Conn, generation_id: uuid.UUID) -> GenerationContex
         prompt_characters=row["prompt_characters"],
         request_cancelled=bool(row["request_cancelled"]),
         jobs=int(row["jobs"]),
+        request_expired=bool(row["request_expired"]),
     )
 
 
@@ -232,13 +254,18 @@ class ClaimResult:
 
 _CLAIM_SQL = """
 WITH claim AS (
-    UPDATE processing_gens
+    UPDATE processing_gens g
        SET generation = $2, message = $3::jsonb, finish_reason = $4, native_finish_reason = $5,
            prompt_tokens = $6, completion_tokens = $7, reasoning_tokens = $8, charge_basis = $9,
            censored = $10, state = $22, seed = $11, gen_metadata = $12::jsonb, kudos = $13::float8,
            cancelled = false, completed_at = now()
-     WHERE id = $1 AND generation IS NULL AND NOT faulted
-    RETURNING id, wp_id, worker_id, fake
+     WHERE g.id = $1 AND g.generation IS NULL AND NOT g.faulted
+       -- Not a reply to an aborted generation (GenerationContext.aborted, .cancel_settles): its request is
+       -- not past its expiry, and a streamed request's cancel settles its generations instead.
+       AND EXISTS (SELECT 1 FROM waiting_prompts r
+                    WHERE r.id = g.wp_id AND r.expiry > now()
+                      AND NOT (r.cancelled AND r.stream_progress AND NOT g.fake))
+    RETURNING g.id, g.wp_id, g.worker_id, g.fake
 ), wp AS (
     UPDATE waiting_prompts w
        SET consumed_kudos = w.consumed_kudos + $14,
@@ -338,12 +365,14 @@ async def claim_and_settle(
 ) -> ClaimResult:
     """Compare-and-set the pending generation and settle it.
 
-    One statement claims the generation (``generation IS NULL AND NOT faulted``) writing every reply column,
-    pays the worker and its owner, charges the requester kudos+1, adds it to consumed_kudos, consumes the
-    request's kudos hold, refreshes the request's expiry and records the speed sample (worker_performances,
-    model_performances, and workers.speed as the mean of the newest 20 samples); a second statement
-    reads whether the request completed (and releases its hold when it did). A fake generation is stored but
-    neither paid nor charged. Returns ``claimed=False`` when the generation was no longer pending.
+    One statement claims the generation (``generation IS NULL AND NOT faulted``, its request not past its
+    expiry and, for a streamed request, not cancelled: see :attr:`GenerationContext.aborted` and
+    :attr:`GenerationContext.cancel_settles`) writing every reply column, pays the worker and its owner,
+    charges the requester kudos+1, adds it to consumed_kudos, consumes the request's kudos hold, refreshes the
+    request's expiry and records the speed sample (worker_performances, model_performances, and workers.speed
+    as the mean of the newest 20 samples); a second statement reads whether the request completed (and
+    releases its hold when it did). A fake generation is stored but neither paid nor charged. Returns
+    ``claimed=False`` when the generation was no longer pending, or its reply is one to an aborted generation.
 
     A single-job request (every chat request: n is only 1) has no other pending generation, so the claim
     statement itself decides completion from its snapshot and the whole settlement is one autocommitted

@@ -3,6 +3,9 @@
 - ``FaultGeneration``: fault a pending generation (a lapsed lease, from the janitor), restart its job unless its
   request was cancelled, fault the request past FAULTED_GENERATIONS_LIMIT and publish ``faulted`` (spec: **Job
   lease**, **Structured submit**). Idempotent: a generation that is no longer pending answers ``faulted=false``.
+  A pending generation of a cancelled streamed request is not faulted as a dropped job: it is settled as
+  cancelled on its posted content, as the cancel would have settled it, and answers ``faulted=false`` (the
+  cancel's settlement call failed, and the lease lapsed after the worker stopped as it was told).
 - ``SettleCancelledGeneration``: settle a streamed generation in flight at a cancel on the content its worker
   posted, and fault it as cancelled (spec: **Pricing**). ``settled=false`` when it was no longer pending.
 """
@@ -19,7 +22,7 @@ from horde_contract import TextModelReference
 
 from horde_submit import generations as gens
 from horde_submit.faults import apply_fault
-from horde_submit.settle import settle_cancelled_generation
+from horde_submit.settle import settle_cancelled_context, settle_cancelled_generation
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +47,15 @@ class SettlementServicer(settlement_pb2_grpc.SettlementServiceServicer):  # type
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "generation_id is not a UUID")
         assert gen_id is not None
         lapsed = request.cause == settlement_pb2.FAULT_CAUSE_LEASE_LAPSED
+        async with self.pool.acquire() as conn:
+            ctx = await gens.load_context(conn, gen_id)
+        if ctx is None or not ctx.pending:
+            return settlement_pb2.FaultGenerationResponse(faulted=False, request_faulted=False)
+        if ctx.cancel_settles:
+            await settle_cancelled_context(
+                self.pool, self.signal, self.models, ctx, via="lapse" if lapsed else "fault"
+            )
+            return settlement_pb2.FaultGenerationResponse(faulted=False, request_faulted=False)
         result = await apply_fault(self.pool, self.signal, gen_id, lapsed=lapsed)
         if result.faulted:
             log.info(

@@ -7,6 +7,12 @@ Body ``{id, seq, delta: {content?, reasoning_content?}}`` with the worker owner'
 stream, atomically, on the chat signal database; the route reads Postgres only for a post without a lease (to
 tell ChatJobAborted from ChatProgressNotStreaming) and for a post that extends the job lease.
 
+A request that expired ends its generations' progress: the janitor, when it claims the expiry and deletes the
+request, ends each lease (so a later post finds no lease and no generation: ChatJobAborted), and a post whose
+lease is still there, because its request is past its expiry but not yet deleted or the janitor could not reach
+Redis, is answered ChatJobAborted by the renewal that every post extending its lease makes, which then ends the
+lease itself.
+
 Answers: 200 ``{"accepted_seq", "cancelled"}``; 400 BadRequest (empty delta or bad body); 403 WrongCredentials;
 404 ChatJobAborted / ChatProgressNotStreaming; 409 ChatProgressOutOfSequence (+ ``expected_seq``); 413
 ChatProgressCapReached; 503 ChatProgressUnavailable (Redis unreachable).
@@ -27,7 +33,18 @@ from fastapi.responses import JSONResponse
 from horde_contract import RC, ChatContractError, load_json_body
 from horde_contract.limits import TEXT_JOB_LEASE_SECONDS
 from horde_core.body import BodyReadTimeout, BodyTooLarge, InvalidContentLength, read_bounded_body
-from horde_core.chat_stream import AppendResult, AppendStatus, ProgressAppender, extend_lease, lease_key_check
+from horde_core.chat_stream import (
+    FLAG_ON,
+    AppendResult,
+    AppendStatus,
+    LeaseField,
+    ProgressAppender,
+    delete_lease,
+    end_stream,
+    extend_lease,
+    lease_key_check,
+    stream_lease_key,
+)
 from horde_core.errors import HordeError
 from horde_core.metrics import counter
 from horde_store.users import hash_api_key
@@ -48,6 +65,33 @@ LEASE_RENEWALS = counter(
 
 def bad_request(text: str) -> HordeError:
     return HordeError(400, RC.BadRequest, text)
+
+
+def job_aborted(gen_id: str) -> HordeError:
+    """404 ChatJobAborted: the generation is faulted, gone, or its request expired; the worker stops generating
+    and does not submit (spec: **Streaming progress**)."""
+    return HordeError(
+        404, RC.ChatJobAborted, f"Generation {gen_id} was aborted. Stop generating and do not submit it."
+    )
+
+
+# The renewal's one statement: extend the pending generation's job_ttl unless its request is past its expiry,
+# and say which of gone / expired / extended it found.
+_RENEW_SQL = """
+WITH target AS (
+    SELECT g.id, g.wp_id, w.expiry <= now() AS expired
+      FROM processing_gens g JOIN waiting_prompts w ON w.id = g.wp_id
+     WHERE g.id = $1
+), extended AS (
+    UPDATE processing_gens g SET job_ttl = $2
+      FROM target t
+     WHERE g.id = t.id AND NOT t.expired
+       AND g.generation IS NULL AND NOT g.faulted AND g.job_ttl < $2
+    RETURNING g.job_ttl
+)
+SELECT (SELECT wp_id FROM target) AS wp_id, (SELECT expired FROM target) AS expired,
+       (SELECT job_ttl FROM extended) AS job_ttl
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,56 +178,88 @@ class ProgressHandler:
                 "This generation reached its progress cap. Stop posting progress; still submit the reply.",
             )
         if result.status is AppendStatus.ok and not result.cancelled and gen_uuid is not None:
-            await self._renew(gen_uuid, post.id, result)
+            aborted = await self._renew(gen_uuid, post.id, result)
+            if aborted is not None:
+                raise aborted
         return {"accepted_seq": post.seq, "cancelled": result.cancelled}
 
     async def _without_lease(self, gen_id: str, gen_uuid: Any) -> HordeError:
-        """No lease: faulted or gone → ChatJobAborted; stored and not faulted → ChatProgressNotStreaming."""
+        """No lease: one read of the generation and its request tells the answer. ChatJobAborted when the
+        generation is aborted, which its submit would be answered AbortedGen for: not stored (its request
+        expired and was deleted), faulted, pending with its request past its expiry, or pending in a cancelled
+        streamed request (the cancel settles it); otherwise (stored and not aborted) ChatProgressNotStreaming."""
         row = None
         if gen_uuid is not None:
             async with self.pool.acquire() as conn:
-                row = await conn.fetchrow("SELECT faulted FROM processing_gens WHERE id = $1", gen_uuid)
-        if row is None or row["faulted"]:
-            return HordeError(
-                404,
-                RC.ChatJobAborted,
-                f"Generation {gen_id} was aborted. Stop generating and do not submit it.",
-            )
+                row = await conn.fetchrow(
+                    """
+                    SELECT g.faulted
+                           OR (g.generation IS NULL
+                               AND (w.expiry <= now() OR (w.cancelled AND w.stream_progress AND NOT g.fake)))
+                           AS aborted
+                      FROM processing_gens g JOIN waiting_prompts w ON w.id = g.wp_id
+                     WHERE g.id = $1
+                    """,
+                    gen_uuid,
+                )
+        if row is None or row["aborted"]:
+            return job_aborted(gen_id)
         return HordeError(
             404,
             RC.ChatProgressNotStreaming,
             f"Generation {gen_id} does not stream progress. Stop posting progress; still submit the reply.",
         )
 
-    async def _renew(self, gen_uuid: Any, gen_id: str, lease: AppendResult) -> None:
+    async def _renew(self, gen_uuid: Any, gen_id: str, lease: AppendResult) -> HordeError | None:
         """Extend the job lease to ``lease_seconds`` after this post, rounded up to whole seconds and capped at
         the lease's ``lease_cap`` from the pop (spec: **Job lease**). A post after the lease lapsed does not
-        extend it. Writes Postgres only when it extends, then the stream lease (best effort)."""
+        extend it. Writes Postgres only when it extends, then the stream lease (best effort).
+
+        The extending statement also reads the generation's request: when the generation is no longer stored
+        (its request expired and was deleted) or its request is past its expiry, nothing is extended, the
+        generation's stream gets its ended entry and the lease is deleted (best effort), and the post is
+        answered 404 ChatJobAborted (returned, for the caller to raise; spec: **Streaming progress**)."""
         started, job_ttl, lease_cap = lease.started, lease.job_ttl, lease.lease_cap
         now = time.time()
         if started <= 0 or now > started + job_ttl:
-            return
+            return None
         wanted = math.ceil(now - started + self.lease_seconds)
         cap = lease_cap if lease_cap > 0 else wanted
         new_ttl = min(wanted, cap)
         if new_ttl <= job_ttl:
             if wanted > cap:
                 LEASE_RENEWALS.labels("at_cap", flag(lease.trusted)).inc()
-            return
+            return None
         async with self.pool.acquire() as conn:
-            extended = await conn.fetchval(
-                """
-                UPDATE processing_gens SET job_ttl = $2
-                 WHERE id = $1 AND generation IS NULL AND NOT faulted AND job_ttl < $2
-                RETURNING job_ttl
-                """,
-                gen_uuid,
-                new_ttl,
-            )
-        if extended is None:
-            return
+            row = await conn.fetchrow(_RENEW_SQL, gen_uuid, new_ttl)
+        if row is None or row["wp_id"] is None or row["expired"]:
+            await self._end_expired(gen_id, row["wp_id"] if row is not None else None)
+            return job_aborted(gen_id)
+        if row["job_ttl"] is None:
+            return None
         await extend_lease(self.signal, gen_id, started=started, job_ttl=new_ttl)
         LEASE_RENEWALS.labels("granted", flag(lease.trusted)).inc()
+        return None
+
+    async def _end_expired(self, gen_id: str, request_id: Any) -> None:
+        """End the progress of a generation whose request expired: its ended entry on the request's stream (the
+        request id from the row, else from the lease; none for a fake lease, as at a cancel) and the lease
+        deleted; best effort, never raises."""
+        rid = str(request_id) if request_id is not None else None
+        fake = False
+        try:
+            raw_rid, raw_fake = await self.signal.hmget(
+                stream_lease_key(gen_id), [LeaseField.request.value, LeaseField.fake.value]
+            )
+            if rid is None and raw_rid is not None:
+                rid = raw_rid.decode() if isinstance(raw_rid, bytes) else str(raw_rid)
+            fake = (raw_fake.decode() if isinstance(raw_fake, bytes) else raw_fake) == FLAG_ON
+        except Exception:
+            log.warning("stream lease read failed", extra={"generation_id": gen_id}, exc_info=True)
+        if rid and not fake:
+            await end_stream(self.signal, rid, gen_id)
+        else:
+            await delete_lease(self.signal, gen_id)
 
 
 router = APIRouter(tags=["progress"])

@@ -1,9 +1,16 @@
 """Settlement of a streamed generation still in flight when its request is cancelled (spec: **Pricing**,
-**Streaming progress**; ``SettlementService.SettleCancelledGeneration``).
+**Streaming progress**, **Structured submit**; ``SettlementService.SettleCancelledGeneration``).
 
 The characters priced are the content the worker posted (``read_posted_progress``: the generation's content
 entries from the request's stream in seq order, reasoning aside). When the stream does not hold its entries the
 lease's accepted bytes stand in; a Redis failure settles on the floor (20 tokens).
+
+The cancel route asks for the settlement right after it claims the cancellation. When that call fails (submit
+unreachable, a timeout), the generation is still pending while its worker was told to stop; the settlement then
+happens at whichever comes first of the worker's reply (answered 400 AbortedGen), its faulted submit, the lapse
+of its lease (``FaultGeneration``) or the janitor's next sweep (``SettleCancelledGeneration``), always through
+:func:`settle_cancelled_context`, so the worker is paid for what it posted and is never counted as having
+dropped the job (:attr:`horde_submit.generations.GenerationContext.cancel_settles`).
 """
 
 from __future__ import annotations
@@ -51,10 +58,32 @@ class CancelSettlement:
 async def settle_cancelled_generation(
     pool: asyncpg.Pool, signal: redis.Redis | None, models: TextModelReference, generation_id: uuid.UUID
 ) -> CancelSettlement:
-    """Price the posted content, pay and charge, and fault the generation as cancelled (one transaction)."""
+    """Price the posted content, pay and charge, and fault the generation as cancelled (one transaction);
+    ``settled=False`` when it is not stored or no longer pending."""
     async with pool.acquire() as conn:
         ctx = await gens.load_context(conn, generation_id)
-    if ctx is None or not ctx.pending:
+    if ctx is None:
+        return CancelSettlement(settled=False)
+    return await settle_cancelled_context(pool, signal, models, ctx)
+
+
+async def settle_cancelled_context(
+    pool: asyncpg.Pool,
+    signal: redis.Redis | None,
+    models: TextModelReference,
+    ctx: gens.GenerationContext,
+    *,
+    via: str = "cancel",
+) -> CancelSettlement:
+    """Settle the generation of ``ctx`` as cancelled (spec: **Pricing**): price the characters its worker
+    posted (:func:`read_posted_progress`; kudos by the text formula at its served model, the floor of 20 tokens
+    before any post), pay the worker and its owner (escrow split as at submit), charge the requester the
+    reward plus the extra burn of 1, record ``settled_character_count`` and fault the generation as cancelled:
+    not restarted, no worker counter (aborted_jobs, uncompleted_jobs) touched. A fake generation is faulted
+    as cancelled at 0 kudos. One compare-and-set, so it settles at most once; ``settled=False`` when the
+    generation is no longer pending. ``via`` names the caller in the log line (cancel, submit, fault, lapse).
+    """
+    if not ctx.pending:
         return CancelSettlement(settled=False)
     characters = await read_posted_progress(signal, str(ctx.wp_id), str(ctx.id))
     reward = 0.0
@@ -83,4 +112,15 @@ async def settle_cancelled_generation(
         settled = await gens.settle_cancelled(conn, ctx, characters, settlement)
     if not settled:
         return CancelSettlement(settled=False)
+    log.info(
+        "cancelled generation settled",
+        extra={
+            "generation_id": str(ctx.id),
+            "request_id": str(ctx.wp_id),
+            "worker_id": str(ctx.worker_id),
+            "character_count": characters,
+            "kudos": reward,
+            "via": via,
+        },
+    )
     return CancelSettlement(settled=True, character_count=characters, kudos=reward)

@@ -5,15 +5,26 @@ counters**, **Worker fault reasons**, **Pricing**, **Completion signal**; text p
 
 Order of a submit:
 
-1. The body is parsed (``horde_contract.parse_submit_body``): 400 ChatSubmitInvalid / BadRequest. A refused
-   chat body that names a pending generation of the caller's worker is recorded as a refusal first.
-2. The generation is read with its worker, owner and request: 404 InvalidJobID when it is not stored.
+1. The body is parsed (``horde_contract.parse_submit_body``). A body the parser refuses (400 ChatSubmitInvalid /
+   BadRequest) that names a generation of the caller's own worker (the id resolves, the apikey is the owner's)
+   gets the state answers of step 5 first, so a malformed reply to an aborted generation is 400 AbortedGen and
+   is neither refused for its content nor recorded; otherwise a refused chat body naming a pending generation of
+   the caller's worker is recorded as a refusal, then the parser's 400 is sent.
+2. The generation is read with its worker, owner and request: 404 InvalidJobID when it is not stored (as after
+   its request expired and was deleted: text path §7).
 3. The apikey must be the worker owner's: 401 InvalidAPIKey (unknown key), 403 WrongCredentials (another key).
-4. A faulted submit (``state: faulted``) faults the generation and restarts the job: 200 ``{"reward": 0}``.
-5. A reply to a faulted generation: 400 AbortedGen; to a stored one: 400 DuplicateGen.
-6. A chat reply: 400 ChatModelMismatch, then ``verify_chat_reply`` (400 ChatSubmitInvalid /
+4. A pending generation of a cancelled streamed request (the cancel's settlement did not get through) is
+   settled as cancelled on its posted content now (``horde_submit.settle.settle_cancelled_context``), so the
+   rest of the submit sees it faulted as cancelled.
+5. A faulted submit (``state: faulted``) faults a pending generation and restarts the job: 200
+   ``{"reward": 0}`` (and writes nothing for a generation that is no longer pending).
+6. A reply to an aborted generation (faulted: lapsed lease, faulted by its worker or settled at a cancel; or
+   pending with its request past its expiry): 400 AbortedGen; to a stored one: 400 DuplicateGen. Both come
+   before the reply is checked, so they never store a refusal nor count toward any worker counter.
+7. A chat reply: 400 ChatModelMismatch, then ``verify_chat_reply`` (400 ChatSubmitInvalid /
    ChatSubmitNonconformant); each refusal is recorded in its own commit before the 400.
-7. Compare-and-set claim and settlement in one transaction; after the commit, ``generation`` then ``done``.
+8. Compare-and-set claim and settlement in one transaction; after the commit the ``horde.job_submit.done`` log
+   record (every stored reply: chat, text and fake), then the ``generation`` and ``done`` signals.
 """
 
 from __future__ import annotations
@@ -58,6 +69,7 @@ from horde_submit.metrics import (
     flag,
     size_bucket,
 )
+from horde_submit.settle import settle_cancelled_context
 from horde_submit.signals import ChatSignal, publish
 
 log = logging.getLogger(__name__)
@@ -76,9 +88,14 @@ def duplicate_gen(gen_id: Any) -> HordeError:
 
 
 def aborted_gen(ctx: gens.GenerationContext) -> HordeError:
-    """400 AbortedGen, stating the lease (spec: **Job lease**)."""
-    if ctx.request_cancelled:
+    """400 AbortedGen for a reply to an aborted generation (:attr:`GenerationContext.aborted`), stating why:
+    its request was cancelled (a faulted generation of a cancelled request), its request expired (a pending
+    generation of a request past its expiry), or otherwise the job's lease (spec: **Job lease**,
+    **Structured submit**; text path §4)."""
+    if ctx.faulted and ctx.request_cancelled:
         text = f"Processing Generation with ID {ctx.id} has been aborted because its request was cancelled."
+    elif not ctx.faulted and ctx.request_expired:
+        text = f"Processing Generation with ID {ctx.id} has been aborted because its request expired."
     else:
         text = (
             f"Processing Generation with ID {ctx.id} took too long to process and has been aborted! "
@@ -109,12 +126,12 @@ class Submitter:
     # -- entry point --------------------------------------------------------------------------------------
 
     async def submit(self, body: Any, apikey: str | None) -> dict[str, Any]:
-        """Handle one submit; returns ``{"reward": float}`` or raises HordeError / ChatContractError."""
+        """Handle one submit (the module docstring gives the order); returns ``{"reward": float}`` or raises
+        HordeError / ChatContractError."""
         try:
             parsed = parse_submit(body)
         except ChatContractError as exc:
-            if exc.rc in REFUSAL_RCS and isinstance(body, dict):
-                await self._record_unparsed_refusal(body.get("id"), apikey, exc)
+            await self._unparsed(body, apikey, exc)
             SUBMIT_OUTCOMES.labels("invalid").inc()
             raise
         gen_id = gens.parse_uuid(parsed.id)
@@ -125,11 +142,29 @@ class Submitter:
             if ctx is None:
                 raise invalid_job(parsed.id)
             await authenticate_owner(conn, apikey, self.salt, ctx.owner_id, ctx.owner_key_hash)
-        if parsed.state == "faulted":
+        faulted = parsed.state == "faulted"
+        ctx = await self._settle_if_cancelled(ctx, "fault" if faulted else "submit")
+        if faulted:
             return await self._fault(parsed, ctx)
+        error = self._state_error(ctx)
+        if error is not None:
+            raise error
         if ctx.is_chat:
             return await self._chat_reply(parsed, ctx)
         return await self._text_reply(parsed, ctx)
+
+    async def _settle_if_cancelled(self, ctx: gens.GenerationContext, via: str) -> gens.GenerationContext:
+        """Settle a pending generation of a cancelled streamed request as cancelled
+        (:attr:`GenerationContext.cancel_settles`) and return its context as it is now; any other context is
+        returned unchanged."""
+        if not ctx.cancel_settles:
+            return ctx
+        await settle_cancelled_context(self.pool, self.signal, self.models, ctx, via=via)
+        async with self.pool.acquire() as conn:
+            now = await gens.load_context(conn, ctx.id)
+        if now is None:
+            raise invalid_job(ctx.id)
+        return now
 
     # -- refusals -----------------------------------------------------------------------------------------
 
@@ -144,26 +179,53 @@ class Submitter:
         except Exception:
             log.warning("chat refusal record failed", extra={"generation_id": str(ctx.id)}, exc_info=True)
 
-    async def _record_unparsed_refusal(self, raw_id: Any, apikey: str | None, exc: ChatContractError) -> None:
-        """A body the parser refused still records its refusal when it names a pending chat generation of the
-        caller's own worker (the check is the route's ownership check, so nobody else can write it)."""
-        gen_id = gens.parse_uuid(raw_id)
+    async def _unparsed(self, body: Any, apikey: str | None, exc: ChatContractError) -> None:
+        """A body the parser refused (``exc``) that names a generation of the caller's own worker (the id
+        resolves and the apikey passes the route's ownership check, so nobody else learns or writes anything):
+
+        - a reply (any state but faulted) to an aborted or stored generation raises 400 AbortedGen / DuplicateGen
+          in place of ``exc``, before the reply's content counts (spec: **Structured submit**); a pending
+          generation of a cancelled streamed request is settled as cancelled first;
+        - otherwise a chat refusal (ChatSubmitInvalid, ChatSubmitNonconformant, ChatModelMismatch) of a reply to
+          a pending chat generation is recorded (spec: **Refusal record and worker counters**).
+
+        Returns normally when ``exc`` stands; a store failure is logged and leaves ``exc`` standing."""
+        if not isinstance(body, dict):
+            return
+        gen_id = gens.parse_uuid(body.get("id"))
         if gen_id is None or not apikey:
             return
         try:
             async with self.pool.acquire() as conn:
                 ctx = await gens.load_context(conn, gen_id)
-                if ctx is None or not ctx.is_chat or not ctx.pending:
+                if ctx is None:
                     return
                 await authenticate_owner(conn, apikey, self.salt, ctx.owner_id, ctx.owner_key_hash)
-                await gens.record_chat_refusal(conn, ctx.id, exc.rc, exc.message)
+            if body.get("state") != "faulted":
+                ctx = await self._settle_if_cancelled(ctx, "submit")
         except HordeError:
             return
+        except Exception:
+            log.warning(
+                "refused submit: state read failed", extra={"generation_id": str(gen_id)}, exc_info=True
+            )
+            return
+        if body.get("state") != "faulted":
+            error = self._state_error(ctx)
+            if error is not None:
+                raise error
+        if exc.rc not in REFUSAL_RCS or not ctx.is_chat or not ctx.pending:
+            return
+        try:
+            async with self.pool.acquire() as conn:
+                await gens.record_chat_refusal(conn, ctx.id, exc.rc, exc.message)
         except Exception:
             log.warning("chat refusal record failed", extra={"generation_id": str(gen_id)}, exc_info=True)
 
     def _state_error(self, ctx: gens.GenerationContext) -> HordeError | None:
-        if ctx.faulted:
+        """400 AbortedGen for a reply to an aborted generation, 400 DuplicateGen for one already stored, None for
+        a pending one (counted in ``horde.submit.outcomes``)."""
+        if ctx.aborted:
             SUBMIT_OUTCOMES.labels("aborted").inc()
             return aborted_gen(ctx)
         if ctx.submitted:
@@ -174,9 +236,7 @@ class Submitter:
     # -- replies ------------------------------------------------------------------------------------------
 
     async def _chat_reply(self, parsed: SubmitBody, ctx: gens.GenerationContext) -> dict[str, Any]:
-        error = self._state_error(ctx)
-        if error is not None:
-            raise error
+        """A chat job's reply to a pending generation: model check, verification, then the claim."""
         if not isinstance(parsed, ChatSubmit) or parsed.message is None:
             exc = submit_invalid(
                 "A chat job is submitted with message, finish_reason and model_id instead of generation.",
@@ -195,11 +255,6 @@ class Submitter:
             if exc.rc in REFUSAL_RCS:
                 await self._record_refusal(ctx, exc)
             raise
-        if verified.dropped_tool_calls:
-            log.info(
-                "horde.job_submit.done",
-                extra={"generation_id": str(ctx.id), "dropped_tool_calls": verified.dropped_tool_calls},
-            )
         message = build_stored_reply(verified.message)
         characters = chat_reply_characters(message)
         claim = gens.Claim(
@@ -216,12 +271,10 @@ class Submitter:
             seed=None,
             gen_metadata=None,
         )
-        return await self._settle(ctx, claim, characters)
+        return await self._settle(ctx, claim, characters, verified.dropped_tool_calls)
 
     async def _text_reply(self, parsed: SubmitBody, ctx: gens.GenerationContext) -> dict[str, Any]:
-        error = self._state_error(ctx)
-        if error is not None:
-            raise error
+        """A text job's reply to a pending generation: the claim (a chat-form body is ChatSubmitInvalid)."""
         if not isinstance(parsed, TextSubmit):
             SUBMIT_OUTCOMES.labels("invalid").inc()
             raise submit_invalid(
@@ -245,9 +298,11 @@ class Submitter:
         return await self._settle(ctx, claim, len(text))
 
     async def _settle(
-        self, ctx: gens.GenerationContext, claim: gens.Claim, characters: int
+        self, ctx: gens.GenerationContext, claim: gens.Claim, characters: int, dropped_tool_calls: int = 0
     ) -> dict[str, Any]:
-        """Price, claim and settle in one transaction; publish after the commit."""
+        """Price, claim and settle in one transaction; after the commit, write the ``horde.job_submit.done``
+        record (:meth:`_log_done`) and publish the signals. A lost claim answers the generation's state as it
+        is now (AbortedGen, DuplicateGen; InvalidJobID when it is gone)."""
         reward = pricing.generation_kudos(
             pricing.PricingInputs(
                 reply_characters=characters,
@@ -282,8 +337,10 @@ class Submitter:
                 now = await gens.load_context(conn, ctx.id)
             if now is None:
                 raise invalid_job(ctx.id)
+            now = await self._settle_if_cancelled(now, "submit")
             raise self._state_error(now) or duplicate_gen(ctx.id)
         SUBMIT_OUTCOMES.labels("stored").inc()
+        self._log_done(ctx, claim, result, reward, characters, dropped_tool_calls)
         if not ctx.fake:
             if claim.generation == "" and not (claim.message or {}).get("tool_calls"):
                 EMPTY_GENERATIONS.labels(ctx.served_model or "").inc()
@@ -300,10 +357,51 @@ class Submitter:
             await publish(self.signal, signals)
         return {"reward": reward}
 
+    @staticmethod
+    def _log_done(
+        ctx: gens.GenerationContext,
+        claim: gens.Claim,
+        result: gens.ClaimResult,
+        reward: float,
+        characters: int,
+        dropped_tool_calls: int,
+    ) -> None:
+        """The ``horde.job_submit.done`` INFO record, written once for every submit that stored its reply
+        (chat and text jobs, fake generations included), after the commit.
+
+        Fields: ``generation_id``, ``request_id``, ``worker_id`` (UUID strings), ``chat``, ``fake`` (bools),
+        ``model`` (the served model), ``state`` (ok, censored, csam), ``finish_reason`` (the stored one; None
+        for a text job), ``reply_characters`` (the priced characters), ``kudos`` (the worker's reward; 0 for a
+        fake generation), ``elapsed_seconds`` (pop to submit), ``request_done`` (this submit completed the
+        request) and, when the single-call reduction dropped tool calls, ``dropped_tool_calls`` (how many;
+        spec: **Reply verification**).
+        """
+        extra: dict[str, Any] = {
+            "generation_id": str(ctx.id),
+            "request_id": str(ctx.wp_id),
+            "worker_id": str(ctx.worker_id),
+            "chat": ctx.is_chat,
+            "fake": ctx.fake,
+            "model": ctx.served_model,
+            "state": claim.state,
+            "finish_reason": claim.finish_reason,
+            "reply_characters": characters,
+            "kudos": reward,
+            "elapsed_seconds": round(ctx.elapsed_seconds, 3),
+            "request_done": result.request_done,
+        }
+        if dropped_tool_calls:
+            extra["dropped_tool_calls"] = dropped_tool_calls
+        log.info("horde.job_submit.done", extra=extra)
+
     # -- faults -------------------------------------------------------------------------------------------
 
     async def _fault(self, parsed: SubmitBody, ctx: gens.GenerationContext) -> dict[str, Any]:
-        """A faulted submit (spec: **Worker fault reasons**; text path §4): 200 ``{"reward": 0}``."""
+        """A faulted submit (spec: **Worker fault reasons**; text path §4): 200 ``{"reward": 0}``.
+
+        Only a pending generation is faulted (restart, worker counters, the request's fault past the limit); one
+        that is no longer pending (faulted, stored, or settled as cancelled at its request's cancel, possibly
+        just now by :meth:`_settle_if_cancelled`) is left as it is and counts toward no worker counter."""
         reason = parsed.fault_reason if ctx.is_chat and isinstance(parsed, ChatSubmit) else None
         if ctx.is_chat:
             # Counted before the fault is applied, so a repeated fault submit is counted again.
