@@ -63,7 +63,8 @@ class SettlementServiceServicer:
 
     def FaultGeneration(self, request, context):
         """FaultGeneration faults one generation (a lapsed lease, say), restarts its job when the rules allow,
-        and faults the request past FAULTED_GENERATIONS_LIMIT.
+        and faults the request past FAULTED_GENERATIONS_LIMIT. A generation of a cancelled streamed request is
+        settled as cancelled instead (as SettleCancelledGeneration does) and answered faulted=false.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
