@@ -28,6 +28,7 @@ import pytest
 from .conftest import MODEL, Stack
 
 NONSTREAM_BUDGET_SECONDS = 6
+RETRY_GRACE_SECONDS = 2
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +39,7 @@ def stack_env_overrides() -> dict[str, str]:
         "HORDE_OAI_SUBMIT_RETRIES": "1",
         "HORDE_OAI_NONSTREAM_TIMEOUT_SECONDS": str(NONSTREAM_BUDGET_SECONDS),
         "HORDE_OAI_SIGNAL_RECHECK_SECONDS": "1",
+        "HORDE_OAI_RETRY_GRACE_SECONDS": str(RETRY_GRACE_SECONDS),
     }
 
 
@@ -78,6 +80,12 @@ class Client:
             "SELECT id, consumed_kudos FROM waiting_prompts WHERE user_id = $1 ORDER BY created",
             self.user_id,
         )
+
+    def requests_cancelled(self) -> int:
+        rows = query(
+            self.stack, "SELECT count(*) AS n FROM waiting_prompts WHERE user_id = $1 AND cancelled", self.user_id
+        )
+        return int(rows[0]["n"])
 
     def assert_one_request_charged_once(self, completion_id: str) -> None:
         """Exactly one request row, the completion's, and the balance down by its charge only (its settled
@@ -205,6 +213,32 @@ def test_sdk_retry_of_a_relayed_stream_replays_the_same_completion(retry_stack: 
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert "streamed" in text and chunks[-1].choices[0].finish_reason == "stop"
     client.assert_one_request_charged_once(chunks[0].id)
+
+
+def test_a_call_retried_after_the_grace_gets_the_reply_its_cancelled_job_still_produced(
+    retry_stack: Stack,
+) -> None:
+    """The cancel after the grace stops only what is queued: a job already running finishes and is charged,
+    so the call stays open and a later retry gets that reply instead of paying for a second one."""
+    client = Client(retry_stack)
+    body = ask(f"[[pace:{RETRY_GRACE_SECONDS + 4}]] late retry {uuid.uuid4().hex}")
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            f"{retry_stack.front}/chat/completions",
+            headers={"Authorization": f"Bearer {client.key}"},
+            json=body,
+            timeout=1.0,
+        )
+    wait_for(lambda: client.requests_cancelled() == 1, RETRY_GRACE_SECONDS + 10, "the cancel after the grace")
+    again = httpx.post(
+        f"{retry_stack.front}/chat/completions",
+        headers={"Authorization": f"Bearer {client.key}"},
+        json=body,
+        timeout=60,
+    )
+    assert again.status_code == 200, again.text
+    assert "late retry" in again.json()["choices"][0]["message"]["content"]
+    client.assert_one_request_charged_once(again.json()["id"])
 
 
 def post(stack: Stack, key: str, body: dict[str, Any], idem: str, timeout: float = 60) -> httpx.Response:

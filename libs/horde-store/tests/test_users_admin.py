@@ -184,6 +184,27 @@ async def test_horde_admin_cli(
     assert (shown["kudos"], shown["trusted"], shown["patron"], shown["flagged"]) == (1000, False, True, True)
     assert shown["concurrency"] == 3 and "api_key_hash" not in shown
 
+    r = _admin(database_url, "user", "show", "--username", "dave", in_process=True)
+    assert r.returncode == 0, r.stderr
+    shown = json.loads(r.stdout)
+    assert (shown["id"], shown["kudos"], shown["requests"]) == (created["id"], 1000, [])
+    assert "api_key_hash" not in shown
+    await conn.execute(
+        "INSERT INTO waiting_prompts (id, user_id, kudos, consumed_kudos) VALUES (gen_random_uuid(), $1, 12, 3.5)",
+        created["id"],
+    )
+    (request,) = json.loads(_admin(database_url, "user", "show", "--username", "dave", in_process=True).stdout)[
+        "requests"
+    ]
+    assert (request["kudos"], request["consumed_kudos"], request["cancelled"], request["finished"]) == (
+        12,
+        3.5,
+        False,
+        0,
+    )
+    r = _admin(database_url, "user", "show", "--username", "ghost", in_process=True)
+    assert r.returncode == 1 and "no user 'ghost'" in r.stderr, r.stderr
+
     share = ("shared-key", "create", "--username", "dave", "--kudos", "500", "--expiry-days", "1")
     r = await asyncio.to_thread(_admin, database_url, *share, "--max-text-tokens", "200", "--name", "team")
     assert r.returncode == 0, r.stderr

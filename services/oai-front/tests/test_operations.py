@@ -158,12 +158,26 @@ async def test_a_drop_leaves_the_call_to_a_retry_until_its_grace_ends(records, s
     assert isinstance(first, Call)
     await first.end("dropped")
     assert await stored(signal_redis, first) == {"op": first.operation_key, "state": "retryable", "live": "0"}
+    assert await first.joined_meanwhile() is False
     retry = await claim(records, key)
     assert isinstance(retry, Call) and retry.joined
-    assert await first.close() is False  # a retry joined: the request goes on
+    assert await first.joined_meanwhile() is True  # a retry joined: the request goes on
+    await first.abandon(None)  # a cancel racing the join changes nothing
+    assert (await stored(signal_redis, retry))["live"] == "1"
     await retry.end("dropped")
-    assert await retry.close() is True  # nobody came back: the record goes, the request may be cancelled
+    await retry.abandon(None)  # nobody came back and nothing was charged: a later call is new
     assert await stored(signal_redis, retry) == {}
+
+
+async def test_an_abandoned_call_whose_request_still_runs_stays_open_to_a_retry(records, signal_redis):
+    key = fresh_key()
+    first = await claim(records, key)
+    assert isinstance(first, Call)
+    await first.end("dropped")
+    await first.abandon("retryable")
+    assert (await stored(signal_redis, first))["state"] == "retryable"
+    later = await claim(records, key)
+    assert isinstance(later, Call) and later.joined and later.operation_key == first.operation_key
 
 
 async def test_without_redis_an_idempotency_key_still_names_one_operation():
@@ -176,7 +190,7 @@ async def test_without_redis_an_idempotency_key_still_names_one_operation():
     assert not first.tracked and first.operation_key == again.operation_key
     assert isinstance(plain, Call) and isinstance(plain_again, Call)
     assert plain.operation_key != plain_again.operation_key
-    assert await first.close() is True
+    assert await first.joined_meanwhile() is False
 
 
 async def test_another_body_under_a_used_key_does_not_take_the_call_away(records, signal_redis):

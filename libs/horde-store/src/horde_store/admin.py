@@ -2,6 +2,7 @@
 
     horde-admin [--database-url URL] migrate
     horde-admin user create --username NAME [--kudos N] [--trusted] [--patron] [--concurrency N]
+    horde-admin user show --username NAME
     horde-admin user set --username NAME [--kudos N] [--trusted/--no-trusted] [--patron/--no-patron]
                          [--concurrency N] [--flagged/--no-flagged] [--min-kudos N] [--deleted/--no-deleted]
     horde-admin shared-key create --username NAME [--kudos N] [--expiry-days N] [--max-text-tokens N]
@@ -59,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="if the user exists, give it a new API key (the old one stops working) instead of failing",
     )
+
+    show = user.add_parser("show", help="a user's balance, flags and requests of the last 24 hours")
+    show.add_argument("--username", required=True)
 
     upd = user.add_parser("set", help="change a user's kudos and flags")
     upd.add_argument("--username", required=True)
@@ -140,6 +144,8 @@ async def _run_on(conn: asyncpg.Connection, args: argparse.Namespace) -> dict[st
                         concurrency=args.concurrency,
                     )
             return {"id": user.id, "username": user.username, "api_key": key}
+        if args.command == "user" and args.action == "show":
+            return await _show_user(conn, args.username)
         if args.command == "user" and args.action == "set":
             user = await users.set_user(
                 conn,
@@ -168,6 +174,28 @@ async def _run_on(conn: asyncpg.Connection, args: argparse.Namespace) -> dict[st
     except (users.UserNotFound, users.UserExists, ValueError) as exc:
         raise AdminError(str(exc)) from exc
     raise AdminError(f"unknown command {args.command} {getattr(args, 'action', '')}")
+
+
+async def _show_user(conn: asyncpg.Connection, username: str) -> dict[str, Any]:
+    """``user show``: the user (no key hash) and its chat and text requests of the last 24 hours, newest first
+    (at most 20): id, created, model list, kudos quote, consumed kudos, cancelled, faulted, finished replies."""
+    user = await users.get_user(conn, username=username)
+    rows = await conn.fetch(
+        """
+        SELECT w.id, w.created, w.is_chat, w.kudos, w.consumed_kudos, w.cancelled, w.faulted,
+               (SELECT count(*) FROM processing_gens p WHERE p.wp_id = w.id AND p.faulted = false
+                  AND p.generation IS NOT NULL) AS finished
+        FROM waiting_prompts w
+        WHERE w.user_id = $1 AND w.created > now() - interval '24 hours'
+        ORDER BY w.created DESC
+        LIMIT 20
+        """,
+        user.id,
+    )
+    requests = [
+        {**dict(row), "id": str(row["id"]), "created": row["created"].isoformat()} for row in rows
+    ]
+    return {**user.to_json(), "requests": requests}
 
 
 async def _set_worker(conn: asyncpg.Connection, args: argparse.Namespace) -> dict[str, Any]:

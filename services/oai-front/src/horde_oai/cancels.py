@@ -12,7 +12,8 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 import httpx
 
@@ -55,6 +56,13 @@ class CancelManager:
 
     async def cancel(self, request_id: str, submitted_at: float) -> bool:
         """Cancel now; True when the Horde confirmed (200) or no longer holds the request (404)."""
+        confirmed, _ = await self.cancel_with_status(request_id, submitted_at)
+        return confirmed
+
+    async def cancel_with_status(self, request_id: str, submitted_at: float) -> tuple[bool, Mapping[str, Any]]:
+        """Cancel now: whether the Horde confirmed (200) or no longer holds the request (404), and the status
+        body a confirming 200 carries (the status after the cancel; empty otherwise)."""
+        status: Mapping[str, Any] = {}
         try:
             response = await asyncio.wait_for(self.client.cancel(request_id), CANCEL_TIMEOUT_SECONDS)
         except TimeoutError:
@@ -64,6 +72,7 @@ class CancelManager:
         else:
             if response.ok:
                 outcome = "cancelled"
+                status = response.body if isinstance(response.body, Mapping) else {}
             elif response.status == 404:
                 outcome = "not_found"
             else:
@@ -71,10 +80,10 @@ class CancelManager:
         CANCELS.labels(outcome=outcome).inc()
         if outcome in ("cancelled", "not_found"):
             self._failed.pop(request_id, None)
-            return True
+            return True, status
         log.warning("native cancel failed", extra={"request_id": request_id, "outcome": outcome})
         self._remember(request_id, submitted_at)
-        return False
+        return False, status
 
     def cancel_in_background(self, request_id: str, submitted_at: float) -> None:
         """Cancel without waiting (a disconnected client's request); the task is kept until it ends."""
@@ -88,9 +97,11 @@ class CancelManager:
         submitted_at: float,
         delay: float,
         unless: Callable[[], Awaitable[bool]],
+        then: Callable[[Mapping[str, Any]], Awaitable[None]] | None = None,
     ) -> None:
-        """Cancel after ``delay`` seconds unless ``unless()`` then says the request was taken over (a dropped
-        relayed stream that its client resumed). A shutdown meanwhile cancels at once."""
+        """Cancel after ``delay`` seconds unless ``unless()`` then says the request was taken over (a retry of
+        its call, or a resume of its relayed stream), and pass the status after the cancel to ``then``. A
+        shutdown meanwhile cancels at once."""
 
         async def later() -> bool:
             try:
@@ -100,8 +111,14 @@ class CancelManager:
             except asyncio.CancelledError:
                 pass
             except Exception:
-                log.warning("resume check failed; cancelling", extra={"request_id": request_id}, exc_info=True)
-            return await self.cancel(request_id, submitted_at)
+                log.warning("take-over check failed; cancelling", extra={"request_id": request_id}, exc_info=True)
+            confirmed, status = await self.cancel_with_status(request_id, submitted_at)
+            if then is not None:
+                try:
+                    await then(status)
+                except Exception:
+                    log.warning("after-cancel step failed", extra={"request_id": request_id}, exc_info=True)
+            return confirmed
 
         task = asyncio.get_running_loop().create_task(later())
         self._delayed.add(task)

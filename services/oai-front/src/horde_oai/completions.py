@@ -523,7 +523,8 @@ def _abandon(
     """The client left before its request ended: cancel the request, after a grace in which a retry of the
     same call (``HORDE_OAI_RETRY_GRACE_SECONDS``, when the call has a record) or, for a relayed stream whose
     client received an event id, a resume (``HORDE_OAI_STREAM_RESUME_GRACE_SECONDS``) may take it over, on any
-    front replica (the counts live in Redis)."""
+    front replica (the counts live in Redis). A cancelled non-streamed job still finishes and is charged
+    (the cancel only stops what is queued), so its call stays open to a later retry, which gets that reply."""
     settings = state.settings
     grace = settings.oai_retry_grace_seconds if call.tracked else 0.0
     if relayed and resumable:
@@ -532,13 +533,23 @@ def _abandon(
 
     async def taken_over() -> bool:
         await dropped
-        joined = not await call.close()
+        joined = await call.joined_meanwhile()
         if relayed:
-            others = bool(await state.relay_records.detach(request_id, close_if_last=not joined))
-            return joined or others
+            resumed = bool(await state.relay_records.detach(request_id, close_if_last=not joined))
+            if resumed and not joined:
+                await call.abandon("delivered")
+            return joined or resumed
         return joined
 
-    state.cancels.cancel_later(request_id, submitted_at, grace, taken_over)
+    async def after_cancel(status: Mapping[str, Any]) -> None:
+        charged = _int(status.get("processing")) > 0 or _int(status.get("finished")) > 0
+        await call.abandon("retryable" if charged and not relayed else None)
+
+    state.cancels.cancel_later(request_id, submitted_at, grace, taken_over, after_cancel)
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 _BACKGROUND: set[asyncio.Task[Any]] = set()

@@ -13,7 +13,7 @@ database, kept :data:`OPERATION_RECORD_TTL_SECONDS` (the native request's expiry
 
 - ``op``: the operation key every attempt of the call submits with;
 - ``state``: ``open`` (a connection waits on it), ``retryable`` (none does: the last one ended with an error a
-  retry may fix, or dropped), ``delivered`` (its completion was sent) or ``final`` (an idem call's settled
+  retry may fix, or dropped; after the grace, a request that still runs or has its reply), ``delivered`` (its completion was sent) or ``final`` (an idem call's settled
   error, kept in ``error`` and replayed);
 - ``live``: the connections waiting on it now.
 
@@ -104,12 +104,18 @@ if live <= 0 then
 end
 return live
 """
-# KEYS[1]: the record; ARGV[1]: operation key. After a dropped connection's grace: 0 when a retry joined the
-# call meanwhile (it goes on), else the record is deleted and 1 returned (the request is abandoned).
-CLOSE_SCRIPT = """
-if redis.call('HGET', KEYS[1], 'op') ~= ARGV[1] then return 1 end
+# KEYS[1]: the record; ARGV[1]: operation key. The connections waiting on the call now (0 for a record that is
+# gone or holds another operation).
+LIVE_SCRIPT = """
+if redis.call('HGET', KEYS[1], 'op') ~= ARGV[1] then return 0 end
+return tonumber(redis.call('HGET', KEYS[1], 'live') or '0')
+"""
+# KEYS[1]: the record; ARGV: operation key, the state to leave (retryable or delivered; empty deletes the
+# record). Nothing changes when a retry joined meanwhile (live above 0) or the record holds another operation.
+ABANDON_SCRIPT = """
+if redis.call('HGET', KEYS[1], 'op') ~= ARGV[1] then return 0 end
 if tonumber(redis.call('HGET', KEYS[1], 'live') or '0') > 0 then return 0 end
-redis.call('DEL', KEYS[1])
+if ARGV[2] == '' then redis.call('DEL', KEYS[1]) else redis.call('HSET', KEYS[1], 'state', ARGV[2]) end
 return 1
 """
 
@@ -143,7 +149,7 @@ class Call:
 
     async def end(self, outcome: str, error: OpenAIError | None = None) -> None:
         """The attempt ended: ``delivered`` (completion sent), ``retryable`` (an error a retry of the same call
-        may fix: ``x-should-retry: true``), ``dropped`` (the client left; :meth:`close` after the grace
+        may fix: ``x-should-retry: true``), ``dropped`` (the client left; :meth:`abandon` after the grace
         decides), ``final`` (an error that settled a request the Horde created: an idem call replays it) or
         ``refused`` (an error that settled the call before any request existed: the record goes, so a later
         attempt is a new operation). Once per attempt."""
@@ -165,13 +171,19 @@ class Call:
         else:
             await self.end("final" if created else "refused", error)
 
-    async def close(self) -> bool:
-        """A dropped attempt's grace ended: True when no retry joined the call (its record is deleted and its
-        request may be cancelled), False when one did."""
+    async def joined_meanwhile(self) -> bool:
+        """After a dropped attempt's grace: True when a retry of the call is waiting on it now."""
         if not self.tracked:
-            return True
-        found = await self.records.run(CLOSE_SCRIPT, self.call_key, self.operation_key)
-        return found is None or int(found) != 0
+            return False
+        found = await self.records.run(LIVE_SCRIPT, self.call_key, self.operation_key)
+        return found is not None and int(found) > 0
+
+    async def abandon(self, leave: str | None) -> None:
+        """The dropped call's request was cancelled: leave its record ``retryable`` (a request the Horde still
+        charges, whose reply a later retry may have) or ``delivered`` (its client resumed it another way), or
+        delete it (None: a later identical call is a new operation). A retry that joined meanwhile keeps it."""
+        if self.tracked:
+            await self.records.run(ABANDON_SCRIPT, self.call_key, self.operation_key, leave or "")
 
 
 class OperationRecords:
