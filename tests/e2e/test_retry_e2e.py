@@ -13,8 +13,10 @@ at its default retry settings (two retries).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import socket
 import threading
 import time
 import uuid
@@ -300,4 +302,64 @@ def test_the_sdk_does_not_retry_a_settled_timeout(retry_stack: Stack) -> None:
         sdk.chat.completions.create(**ask(f"[[pace:{NONSTREAM_BUDGET_SECONDS + 4}]] slow {uuid.uuid4().hex}"))
     assert info.value.status_code == 408
     assert info.value.response.headers["x-should-retry"] == "false"
+    assert len(client.requests()) == 1
+
+
+def send_and_close(stack: Stack, key: str, body: dict[str, Any]) -> None:
+    """Send a whole request on a raw socket and close it at once, before any answer."""
+    raw = json.dumps(body).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(raw)}\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", stack.ports["oai"])) as sock:
+        sock.sendall(head + raw)
+
+
+def test_a_client_that_closes_right_after_sending_has_its_request_cancelled(retry_stack: Stack) -> None:
+    """The front notices the close at once; the cancel of its wait must take even when it lands as a Redis
+    command completes (Python 3.11's wait_for once swallowed it, and such requests ran on and were charged)."""
+    client = Client(retry_stack)
+    for n in range(5):
+        send_and_close(retry_stack, client.key, ask(f"[[pace:8]] closed at once {n} {uuid.uuid4().hex}"))
+    wait_for(lambda: len(client.requests()) == 5, 10, "the five requests")
+    wait_for(lambda: client.requests_cancelled() == 5, RETRY_GRACE_SECONDS + 10, "five cancels")
+
+
+def test_anonymous_calls_never_join_each_other(retry_stack: Stack) -> None:
+    """Anyone may send the anonymous key: the same Idempotency-Key and body from it are two requests."""
+    idem = str(uuid.uuid4())
+    body = ask(f"anonymous {uuid.uuid4().hex}")
+    ids = []
+    for _ in range(2):
+        answer = post(retry_stack, "0000000000", body, idem).json()
+        # A completion, or (the workers busy) the 408 of its own cancelled request: either names the request.
+        ids.append(answer.get("id") or f"chatcmpl-{answer['error']['metadata']['request_id']}")
+    assert ids[0] != ids[1]
+
+
+def test_a_retry_beyond_the_streams_connection_limit_is_409_and_lets_go(retry_stack: Stack) -> None:
+    client = Client(retry_stack)
+    idem = str(uuid.uuid4())
+    body = {**ask(f"[[pace:4]] [[words:20]] busy {uuid.uuid4().hex}"), "stream": True}
+    headers = {"Authorization": f"Bearer {client.key}", "Idempotency-Key": idem}
+    with httpx.Client(timeout=60) as http:
+        opened = []
+        try:
+            for _ in range(4):  # MAX_STREAM_CONNECTIONS
+                response = http.send(
+                    http.build_request("POST", f"{retry_stack.front}/chat/completions", json=body, headers=headers),
+                    stream=True,
+                )
+                assert response.status_code == 200
+                opened.append(response)
+            busy = http.post(f"{retry_stack.front}/chat/completions", json=body, headers=headers)
+            assert busy.status_code == 409, busy.text
+            assert busy.json()["error"]["code"] == "stream_busy"
+            assert busy.headers["x-should-retry"] == "true"
+            for response in opened:
+                assert any(line == "data: [DONE]" for line in response.iter_lines())
+        finally:
+            for response in opened:
+                response.close()
     assert len(client.requests()) == 1

@@ -9,7 +9,16 @@ import uuid
 
 import pytest
 from horde_oai.errors import OpenAIError
-from horde_oai.operations import OPERATION_RECORD_TTL_SECONDS, Call, OperationRecords, operation_record_key
+from horde_oai.operations import (
+    MAX_IDEMPOTENCY_KEY_LENGTH,
+    OPERATION_RECORD_TTL_SECONDS,
+    UNQUEUED_RECORD_TTL_SECONDS,
+    Call,
+    OperationRecords,
+    idempotency_key_of,
+    normal_operation_key,
+    operation_record_key,
+)
 
 
 @pytest.fixture
@@ -41,7 +50,12 @@ async def test_a_new_call_gets_a_fresh_operation_key_and_an_open_record(records,
     call = await claim(records, fresh_key())
     assert isinstance(call, Call) and call.tracked and not call.joined
     uuid.UUID(call.operation_key)
-    assert await stored(signal_redis, call) == {"op": call.operation_key, "state": "open", "live": "1"}
+    assert await stored(signal_redis, call) == {
+        "op": call.operation_key,
+        "state": "open",
+        "live": "1",
+        "body": "body-1",
+    }
     assert 0 < await signal_redis.ttl(operation_record_key(call.call_key)) <= OPERATION_RECORD_TTL_SECONDS
 
 
@@ -54,7 +68,14 @@ async def test_after_a_retryable_error_the_same_body_joins_the_first_operation(r
     retry = await claim(records, key)  # no retry header: a retry loop of any client
     assert isinstance(retry, Call) and retry.joined
     assert retry.operation_key == first.operation_key
-    assert await stored(signal_redis, retry) == {"op": first.operation_key, "state": "open", "live": "1"}
+    assert await stored(signal_redis, retry) == {
+        "op": first.operation_key,
+        "state": "open",
+        "live": "1",
+        "body": "body-1",
+    }
+    # Joined: the call may have a request now, so the record lives the request's 20 minutes again.
+    assert await signal_redis.ttl(operation_record_key(first.call_key)) > UNQUEUED_RECORD_TTL_SECONDS
 
 
 async def test_a_concurrent_identical_call_is_its_own_operation_unless_it_declares_a_retry(records):
@@ -74,7 +95,8 @@ async def test_a_replaced_record_is_not_touched_by_the_attempt_it_replaced(recor
     second = await claim(records, key)
     assert isinstance(first, Call) and isinstance(second, Call)
     await first.end("delivered")
-    assert await stored(signal_redis, second) == {"op": second.operation_key, "state": "open", "live": "1"}
+    assert (await stored(signal_redis, second))["op"] == second.operation_key
+    assert (await stored(signal_redis, second))["state"] == "open"
 
 
 async def test_a_delivered_body_call_is_joined_only_by_a_declared_retry(records, signal_redis):
@@ -115,12 +137,18 @@ async def test_an_idempotency_key_replays_the_settled_error_of_its_request(recor
     await first.end_with(error, created=True)
     record = await stored(signal_redis, first)
     assert record["state"] == "final" and json.loads(record["error"])["status"] == 502
-    replay = await claim(records, key, "another body", idem="idem-1")
+    conflict = await claim(records, key, "another body", idem="idem-1")
+    assert isinstance(conflict, OpenAIError)
+    assert (conflict.status, conflict.code, conflict.param) == (400, "OperationKeyConflict", None)
+    assert conflict.message == "This Idempotency-Key already identifies a different request."
+    assert conflict.headers["x-should-retry"] == "false"
+    replay = await claim(records, key, idem="idem-1")
     assert isinstance(replay, OpenAIError)
     assert replay.body() == error.body() and replay.status == 502
     assert replay.headers["x-should-retry"] == "false"
     # Another key, or the same idempotency key under another API key, is another call.
     assert isinstance(await claim(records, key, idem="idem-2"), Call)
+    assert await signal_redis.ttl(operation_record_key(first.call_key)) > 600  # the request's own 20 minutes
     assert isinstance(await claim(records, fresh_key(), idem="idem-1"), Call)
 
 
@@ -157,7 +185,8 @@ async def test_a_drop_leaves_the_call_to_a_retry_until_its_grace_ends(records, s
     first = await claim(records, key)
     assert isinstance(first, Call)
     await first.end("dropped")
-    assert await stored(signal_redis, first) == {"op": first.operation_key, "state": "retryable", "live": "0"}
+    record = await stored(signal_redis, first)
+    assert (record["op"], record["state"], record["live"]) == (first.operation_key, "retryable", "0")
     assert await first.joined_meanwhile() is False
     retry = await claim(records, key)
     assert isinstance(retry, Call) and retry.joined
@@ -206,3 +235,29 @@ async def test_another_body_under_a_used_key_does_not_take_the_call_away(records
     assert record["op"] == first.operation_key and record["live"] == "0"
     later = await claim(records, key, idem="k")
     assert isinstance(later, Call) and later.joined and later.operation_key == first.operation_key
+
+
+async def test_a_call_refused_before_queueing_keeps_its_record_two_minutes(records, signal_redis):
+    first = await claim(records, fresh_key())
+    assert isinstance(first, Call)
+    await first.end_with(OpenAIError(429, "slow down", "rate_limit_exceeded"), created=False)
+    assert 0 < await signal_redis.ttl(operation_record_key(first.call_key)) <= UNQUEUED_RECORD_TTL_SECONDS
+
+
+def test_the_idempotency_key_header_is_stripped_and_bounded():
+    assert idempotency_key_of({"idempotency-key": "  k-1 "}) == "k-1"
+    assert idempotency_key_of({"idempotency-key": "   "}) is None
+    assert idempotency_key_of({}) is None
+    assert idempotency_key_of({"idempotency-key": "x" * MAX_IDEMPOTENCY_KEY_LENGTH}) == "x" * 255
+    with pytest.raises(OpenAIError) as refused:
+        idempotency_key_of({"idempotency-key": "x" * (MAX_IDEMPOTENCY_KEY_LENGTH + 1)})
+    assert (refused.value.status, refused.value.code) == (400, "BadRequest")
+    assert refused.value.message == "The Idempotency-Key header is longer than 255 characters."
+
+
+def test_spellings_of_one_operation_key_are_one_key():
+    key = uuid.uuid4()
+    spellings = {str(key).upper(), "{" + str(key) + "}", f"urn:uuid:{key}", key.hex}
+    assert {normal_operation_key(s) for s in spellings} == {str(key)}
+    assert normal_operation_key("not-a-uuid") == "not-a-uuid"
+    assert normal_operation_key(None) is None and normal_operation_key("") is None

@@ -12,7 +12,6 @@ after a grace in which a retry of the call or a resume of its relayed stream may
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -58,7 +57,13 @@ from horde_oai.metrics import (
     max_tokens_bucket,
     outcome_class_for,
 )
-from horde_oai.operations import IDEMPOTENCY_KEY_HEADER, Call, declared_retry
+from horde_oai.operations import (
+    NO_RECORDS,
+    Call,
+    declared_retry,
+    idempotency_key_of,
+    normal_operation_key,
+)
 from horde_oai.relay import WHOLE_GENERATION, DeltaRelay, EventId, parse_event_id, sse_event
 from horde_oai.schema import contract_error, parameter_label, validate_request
 from horde_oai.streaming import buffered_stream_events, sse_error
@@ -383,6 +388,7 @@ async def chat_completions(request: Request) -> Response:
         payload = parse_json_body(raw)
         streamed = isinstance(payload, dict) and payload.get("stream") is True
         apikey = bearer_key(request)
+        idempotency_key = idempotency_key_of(request.headers)
         _, screened = validate_request(payload)
         horde = screened.get("horde") or {}
         if horde.get("dry_run"):
@@ -410,18 +416,16 @@ async def chat_completions(request: Request) -> Response:
         record_refusal(refusal, started, streamed)
         return refusal.response()
     record = RequestRecord(started=started, streamed=streamed, body=screened)
-    models = requested_models(screened)
     if resume_at is not None and resumed is not None:
         return await _resume(request, record, screened, resume_at, resumed)
-    # Anonymous clients share one key: their calls are told apart by address too.
-    caller = key_digest(apikey)
-    if apikey == ANONYMOUS_API_KEY and request.client:
-        caller = key_digest(f"{apikey}@{request.client.host}")
-    claim = await state.operations.claim(
-        caller,
+    # Anyone may send the shared anonymous key, so its calls never join another call: each is its own
+    # operation (a client's own horde.operation_key still names one native request).
+    anonymous = apikey == ANONYMOUS_API_KEY
+    claim = await (NO_RECORDS if anonymous else state.operations).claim(
+        key_digest(apikey),
         request_digest(native_body),
-        idempotency_key=request.headers.get(IDEMPOTENCY_KEY_HEADER),
-        client_operation_key=(screened.get("horde") or {}).get("operation_key"),
+        idempotency_key=None if anonymous else idempotency_key,
+        client_operation_key=normal_operation_key((screened.get("horde") or {}).get("operation_key")),
         declared=declared_retry(request.headers),
     )
     if isinstance(claim, OpenAIError):
@@ -431,6 +435,28 @@ async def chat_completions(request: Request) -> Response:
         return claim.response()
     call = claim
     native_body["horde"]["operation_key"] = call.operation_key
+    try:
+        return await _submit_and_wait(request, record, call, apikey, native_body, screened, relayed)
+    except BaseException:
+        # A bug or a cancelled handler must not leave the call held: a retry may take it over.
+        await asyncio.shield(_in_background(call.end("retryable")))
+        raise
+
+
+async def _submit_and_wait(
+    request: Request,
+    record: RequestRecord,
+    call: Call,
+    apikey: str,
+    native_body: dict[str, Any],
+    screened: dict[str, Any],
+    relayed: bool,
+) -> Response:
+    """Submit the call's attempt and answer it: the completion, a stream, or the error (ending ``call``)."""
+    state = request.app.state
+    settings = state.settings
+    started, streamed = record.started, record.streamed
+    models = requested_models(screened)
     try:
         response = await state.horde.submit(
             apikey,
@@ -467,7 +493,13 @@ async def chat_completions(request: Request) -> Response:
     prompt_estimate = estimate_prompt_tokens(screened.get("messages") or [], screened.get("tools"))
     created = int(record.submitted_at)
     if relayed:
-        attached = await state.relay_records.attach(request_id) if repeated else None
+        try:
+            attached = await state.relay_records.attach(request_id) if repeated else None
+        except StreamBusy:
+            busy = stream_busy()
+            await call.end_with(busy, created=True)
+            record.finish(busy)
+            return busy.response()
         if attached is None:
             await state.relay_records.save(
                 request_id, key_digest(apikey), request_digest(native_body), record.submitted_at
@@ -481,11 +513,9 @@ async def chat_completions(request: Request) -> Response:
         await asyncio.wait({wait_task, watch_task}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         if not wait_task.done():
-            # The client left: stop waiting; cancel the request unless a retry takes it over.
-            wait_task.cancel()
-            with contextlib.suppress(BaseException):
-                await wait_task
+            # The client left: cancel the request unless a retry takes it over; stop waiting.
             _abandon(state, call, request_id, record.submitted_at, relayed=False, resumable=False)
+            await stop_task(wait_task)
             record.status, record.code = 499, "client_disconnected"
             record.finish()
         watch_task.cancel()
@@ -504,6 +534,20 @@ async def chat_completions(request: Request) -> Response:
     await call.end("delivered")
     record.finish()
     return JSONResponse(completion)
+
+
+async def stop_task(task: asyncio.Task[Any], attempts: int = 100) -> None:
+    """Cancel ``task`` and wait until it ended. The cancel is repeated until it takes: on Python 3.11
+    ``asyncio.wait_for`` (which redis-py wraps around every command) swallows a cancel that lands in the loop
+    turn its inner call finishes in, which left a waiter running until its request ended (and a dropped client's
+    request uncancelled)."""
+    for _ in range(attempts):
+        if task.done():
+            break
+        task.cancel()
+        await asyncio.wait({task}, timeout=0.05)
+    if task.done() and not task.cancelled():
+        task.exception()  # retrieved: an error of a wait nobody reads any more is not worth a warning
 
 
 async def _chat_entries_or_none(state: Any) -> Mapping[str, Mapping[str, Any]] | None:
@@ -626,8 +670,8 @@ async def _stream(
             if not finished:
                 # The client went away mid-stream: stop waiting; cancel unless a retry takes the call over.
                 if not wait_task.done():
-                    wait_task.cancel()
                     _abandon(state, call, request_id, submitted_at, relayed=False, resumable=False)
+                    _in_background(stop_task(wait_task))
                 else:
                     _in_background(call.end("dropped"))
                 record.status, record.code = 499, "client_disconnected"
@@ -655,10 +699,8 @@ async def _headers_decision(
         first_read.cancel()
         watch_task.cancel()
     if watch_task.done() and not wait_task.done():
-        wait_task.cancel()
-        with contextlib.suppress(BaseException):
-            await wait_task
         on_leave()
+        await stop_task(wait_task)
         record.status, record.code = 499, "client_disconnected"
         record.finish()
         return Response(status_code=499)
@@ -820,8 +862,8 @@ async def _relayed_stream(
                 relay.drop()
                 STREAM_RELAYS.labels(outcome="dropped").inc()
                 if not wait_task.done():
-                    wait_task.cancel()
                     _abandon(state, call, request_id, submitted_at, relayed=True, resumable=relay.exposed)
+                    _in_background(stop_task(wait_task))
                 else:
                     _detach_finished(state, request_id)
                     _in_background(call.end("dropped"))

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as redis
+from horde_contract import RC
 
 from horde_oai.errors import OpenAIError
 
@@ -56,16 +57,26 @@ OPERATION_RECORD_PREFIX = "horde:oai:operation:"
 OPERATION_RECORD_TTL_SECONDS = 20 * 60
 IDEMPOTENCY_KEY_HEADER = "idempotency-key"
 SDK_RETRY_COUNT_HEADER = "x-stainless-retry-count"
+# A call whose attempt met an error before anything was queued (a 429, a 502 at submit) waits this long for a
+# retry: the SDKs wait at most 60 s (a Retry-After they honour), so a flood of refused calls leaves no
+# 20-minute records.
+UNQUEUED_RECORD_TTL_SECONDS = 120
+# The longest Idempotency-Key the front takes (the IETF draft sets none; Stripe's is 255).
+MAX_IDEMPOTENCY_KEY_LENGTH = 255
 # Namespace of the operation keys derived from an Idempotency-Key when the front runs without Redis.
 IDEMPOTENCY_NAMESPACE = uuid.UUID("0f4b6a52-6d1f-4c55-9c7e-2b8f0a1d7e93")
 
-# KEYS[1]: the record; ARGV: new operation key, kind, declared retry (1/0), ttl.
-# Returns {'new', op}, {'joined', op} or {'final', error json}.
+# KEYS[1]: the record; ARGV: new operation key, kind, declared retry (1/0), ttl, body digest.
+# Returns {'new', op}, {'joined', op}, {'final', error json} or {'conflict', ''} (another body under a settled
+# idem call).
 CLAIM_SCRIPT = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if state then
   if state == 'final' then
-    if ARGV[2] == 'idem' then return {'final', redis.call('HGET', KEYS[1], 'error') or ''} end
+    if ARGV[2] == 'idem' then
+      if redis.call('HGET', KEYS[1], 'body') ~= ARGV[5] then return {'conflict', ''} end
+      return {'final', redis.call('HGET', KEYS[1], 'error') or ''}
+    end
   elseif ARGV[2] == 'idem' or state == 'retryable' or ARGV[3] == '1' then
     redis.call('HINCRBY', KEYS[1], 'live', 1)
     redis.call('HSET', KEYS[1], 'state', 'open')
@@ -74,7 +85,7 @@ if state then
   end
 end
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'op', ARGV[1], 'state', 'open', 'live', 1)
+redis.call('HSET', KEYS[1], 'op', ARGV[1], 'state', 'open', 'live', 1, 'body', ARGV[5])
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 return {'new', ARGV[1]}
 """
@@ -100,6 +111,7 @@ if live <= 0 then
   local state = 'retryable'
   if ARGV[2] == 'delivered' then state = 'delivered' end
   redis.call('HSET', KEYS[1], 'live', 0, 'state', state)
+  redis.call('EXPIRE', KEYS[1], ARGV[5])
   return 0
 end
 return live
@@ -125,6 +137,42 @@ def operation_record_key(call_key: str) -> str:
     return f"{OPERATION_RECORD_PREFIX}{call_key}"
 
 
+def idempotency_key_of(headers: Any) -> str | None:
+    """The ``Idempotency-Key`` header, stripped; None when absent or blank. Raises 400 BadRequest past
+    :data:`MAX_IDEMPOTENCY_KEY_LENGTH` characters."""
+    value = headers.get(IDEMPOTENCY_KEY_HEADER)
+    value = value.strip() if isinstance(value, str) else ""
+    if len(value) > MAX_IDEMPOTENCY_KEY_LENGTH:
+        raise OpenAIError(
+            400,
+            f"The Idempotency-Key header is longer than {MAX_IDEMPOTENCY_KEY_LENGTH} characters.",
+            "BadRequest",
+        )
+    return value or None
+
+
+def normal_operation_key(value: Any) -> str | None:
+    """A ``horde.operation_key`` in its canonical UUID spelling (so spellings of one key are one call), the
+    value as given when it is no UUID (the contract refuses it), None when absent."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        return value
+
+
+def operation_conflict(client_operation_key: bool) -> OpenAIError:
+    """400 OperationKeyConflict: the key already names a settled call with another body."""
+    what = "horde.operation_key" if client_operation_key else "Idempotency-Key"
+    return OpenAIError(
+        400,
+        f"This {what} already identifies a different request.",
+        RC.OperationKeyConflict,
+        param="horde.operation_key" if client_operation_key else None,
+    )
+
+
 def declared_retry(headers: Any) -> bool:
     """True when the attempt says it is a retry: ``x-stainless-retry-count`` above 0."""
     value = headers.get(SDK_RETRY_COUNT_HEADER)
@@ -147,7 +195,9 @@ class Call:
     tracked: bool
     ended: bool = False
 
-    async def end(self, outcome: str, error: OpenAIError | None = None) -> None:
+    async def end(
+        self, outcome: str, error: OpenAIError | None = None, *, ttl: int = OPERATION_RECORD_TTL_SECONDS
+    ) -> None:
         """The attempt ended: ``delivered`` (completion sent), ``retryable`` (an error a retry of the same call
         may fix: ``x-should-retry: true``), ``dropped`` (the client left; :meth:`abandon` after the grace
         decides), ``final`` (an error that settled a request the Horde created: an idem call replays it) or
@@ -159,7 +209,7 @@ class Call:
         if self.tracked:
             payload = json.dumps(error.to_record()) if error is not None else ""
             await self.records.run(
-                END_SCRIPT, self.call_key, self.operation_key, outcome, payload, self.kind, OPERATION_RECORD_TTL_SECONDS
+                END_SCRIPT, self.call_key, self.operation_key, outcome, payload, self.kind, ttl
             )
 
     async def end_with(self, error: OpenAIError, *, created: bool) -> None:
@@ -167,7 +217,10 @@ class Call:
         the Horde ``created``, ``refused`` otherwise. A joined attempt refused at submit (another body under the
         same Idempotency-Key: 400 OperationKeyConflict) only lets go: the call belongs to its first attempt."""
         if error.should_retry or (self.joined and not created):
-            await self.end("retryable", error)
+            unqueued = not created and not self.joined
+            await self.end(
+                "retryable", error, ttl=UNQUEUED_RECORD_TTL_SECONDS if unqueued else OPERATION_RECORD_TTL_SECONDS
+            )
         else:
             await self.end("final" if created else "refused", error)
 
@@ -235,14 +288,26 @@ class OperationRecords:
         else:
             fresh = str(uuid.uuid4())
         found = await self.run(
-            CLAIM_SCRIPT, call_key, fresh, kind, "1" if declared else "0", OPERATION_RECORD_TTL_SECONDS
+            CLAIM_SCRIPT,
+            call_key,
+            fresh,
+            kind,
+            "1" if declared else "0",
+            OPERATION_RECORD_TTL_SECONDS,
+            body_digest,
         )
         if not isinstance(found, list) or len(found) != 2:
             return Call(self, call_key, fresh, kind, joined=False, tracked=False)
         verdict, value = str(found[0]), str(found[1])
+        if verdict == "conflict":
+            return operation_conflict(bool(client_operation_key))
         if verdict == "final":
             replayed = OpenAIError.from_record(value)
             if replayed is not None:
                 return replayed
             return Call(self, call_key, fresh, kind, joined=False, tracked=False)
         return Call(self, call_key, value, kind, joined=verdict == "joined", tracked=True)
+
+
+# Calls that keep no record (the shared anonymous key's).
+NO_RECORDS = OperationRecords(None)
