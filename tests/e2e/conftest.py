@@ -119,7 +119,15 @@ def _service_env(base: dict[str, str], ports: dict[str, int]) -> dict[str, str]:
             # Every test client shares 127.0.0.1: keep the limiter on, with room for the suite's pace.
             "HORDE_CHAT_REQUEST_2SEC_LIMIT_PER_IP": "50/second",
             "HORDE_CHAT_REQUEST_90MIN_LIMIT_PER_IP": "5000/minute",
+            "HORDE_TEXT_REQUEST_2SEC_LIMIT_PER_IP": "50/second",
+            "HORDE_TEXT_REQUEST_90MIN_LIMIT_PER_IP": "5000/minute",
             "HORDE_APIKEY_REQUEST_LIMIT": "50/second",
+            # The read and worker routes' per-address limits (upstream: status 60/minute per request, pop and
+            # submit 60/second): the suite's clients and workers all poll from 127.0.0.1.
+            "HORDE_STATUS_REQUEST_LIMIT_PER_IP": "6000/minute",
+            "HORDE_POP_REQUEST_LIMIT_PER_IP": "1000/second",
+            "HORDE_SUBMIT_REQUEST_LIMIT_PER_IP": "1000/second",
+            "HORDE_READ_REQUEST_LIMIT_PER_IP": "6000/minute",
             "HORDE_LOG_JSON": "false",
         }
     )

@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from horde_core.errors import HordeError
+from horde_core.ratelimit import RouteLimitMiddleware
 
 log = logging.getLogger(__name__)
 
@@ -49,16 +50,21 @@ STORE_OUTAGE_RETRY_AFTER_SECONDS = 5
 
 
 def store_outage_errors() -> tuple[type[Exception], ...]:
-    """The exceptions that mean a store is down or unreachable (answered 503 ``ServiceUnavailable``): the
-    stdlib's connection errors, asyncpg's connection and shutdown errors and redis-py's connection and timeout
-    errors, for whichever of those clients the process has installed."""
-    errors: list[type[Exception]] = [ConnectionError]
+    """The exceptions that mean a store is down, unreachable or too slow (answered 503 ``ServiceUnavailable``):
+    the stdlib's connection errors and ``TimeoutError`` (a pool acquire or a command past its timeout,
+    horde_store.db), asyncpg's connection, shutdown and too-many-connections errors and redis-py's connection
+    and timeout errors, for whichever of those clients the process has installed."""
+    errors: list[type[Exception]] = [ConnectionError, TimeoutError]
     try:
         import asyncpg
     except ImportError:  # pragma: no cover - the front has no asyncpg
         pass
     else:
-        errors += [asyncpg.exceptions.PostgresConnectionError, asyncpg.exceptions.CannotConnectNowError]
+        errors += [
+            asyncpg.exceptions.PostgresConnectionError,
+            asyncpg.exceptions.CannotConnectNowError,
+            asyncpg.exceptions.TooManyConnectionsError,
+        ]
     import redis.exceptions
 
     errors += [redis.exceptions.ConnectionError, redis.exceptions.TimeoutError]
@@ -151,6 +157,8 @@ def create_app(
       with each check's result.
     - ``GET /metrics``: the Prometheus text exposition of the default registry.
     - A client that disconnects while its body is read gets 499 and no error log.
+    - Upstream's rate limits of the read and worker routes (:data:`horde_core.ratelimit.ROUTE_LIMITS`), counted
+      before routing once the service has put its settings on ``app.state.settings``.
 
     ``horde_errors`` installs the Horde envelope handlers; the OpenAI front passes False and installs its own.
     """
@@ -159,6 +167,7 @@ def create_app(
     )
     app.state.service = service
     app.state.readiness_checks = {}
+    app.add_middleware(RouteLimitMiddleware, state=app.state)
     if horde_errors:
         install_horde_error_handlers(app)
 

@@ -18,6 +18,13 @@ log = logging.getLogger(__name__)
 CHAT_SIGNAL_DB = 7
 CHAT_IMAGE_DELETE_RETRY_KEY = "horde:chat:image_delete_retry"
 
+#: Client timeouts of every Redis client made here, so a hung or unreachable store fails a command fast
+#: (redis.exceptions.TimeoutError / ConnectionError, which the app factory answers 503) instead of holding
+#: the request forever. The longest blocking read a service makes (the front's XREAD BLOCK, 250 ms; pub/sub
+#: reads pass their own timeout) is well inside the read timeout.
+REDIS_SOCKET_TIMEOUT_SECONDS = 5.0
+REDIS_CONNECT_TIMEOUT_SECONDS = 2.0
+
 
 def chat_signal_channel(request_id: str) -> str:
     """``horde:chat:<request id>``: the completion signal channel of one chat request."""
@@ -26,7 +33,10 @@ def chat_signal_channel(request_id: str) -> str:
 
 def redis_client(url: str, db: int | None = None, **kwargs: Any) -> redis.Redis:
     """An asyncio client for ``url``, on logical database ``db`` when given (else the URL's), decoding replies
-    to str. ``kwargs`` go to the connection pool."""
+    to str, with the read and connect timeouts above (redis-py's default is to wait forever). ``kwargs`` go to
+    the connection pool and override those."""
+    kwargs.setdefault("socket_timeout", REDIS_SOCKET_TIMEOUT_SECONDS)
+    kwargs.setdefault("socket_connect_timeout", REDIS_CONNECT_TIMEOUT_SECONDS)
     pool = redis.ConnectionPool.from_url(url, decode_responses=True, **kwargs)
     if db is not None:
         # from_url lets the URL's database (``redis://host/0``, ``?db=``) win over a ``db`` keyword, which

@@ -7,9 +7,21 @@ nothing reads the environment at import time. Unset store URLs mean "use the emb
 
 from __future__ import annotations
 
+import ipaddress
+
 from horde_contract.limits import TEXT_JOB_LEASE_SECONDS
-from pydantic import Field
+from limits import parse_many
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+#: Upstream's per-address limits of the read and worker routes (ai-horde-text-path.md §9, flask-limiter
+#: notation): status GET/DELETE 60/minute per address, method and path (the path holds the request id); pop
+#: and submit 60/second per address; undecorated routes (the worker look-ups) the application default,
+#: 90/minute.
+STATUS_REQUEST_LIMIT_PER_IP = "60/minute"
+POP_REQUEST_LIMIT_PER_IP = "60/second"
+SUBMIT_REQUEST_LIMIT_PER_IP = "60/second"
+READ_REQUEST_LIMIT_PER_IP = "90/minute"
 
 
 class HordeSettings(BaseSettings):
@@ -35,6 +47,11 @@ class HordeSettings(BaseSettings):
 
     # Network: every process binds loopback by default (k8s sets 0.0.0.0).
     bind_host: str = "127.0.0.1"
+    #: Trusted proxies (comma-separated addresses or networks, e.g. "10.244.0.0/16"; "*" trusts every peer):
+    #: a request from one of them is counted by the client address its X-Forwarded-For names (uvicorn's
+    #: proxy headers, right-most untrusted entry), any other by its peer address. Empty (the default) trusts
+    #: nobody, so no client can choose the address its rate limits, caps and worker IP checks count.
+    forwarded_allow_ips: str = ""
     oai_http_port: int = 7002
     admission_http_port: int = 7101
     dispatch_http_port: int = 7102
@@ -44,6 +61,19 @@ class HordeSettings(BaseSettings):
     janitor_http_port: int = 7104
     dispatch_grpc_target: str | None = None
     submit_grpc_target: str | None = None
+
+    # Rate limits of the read and worker routes (horde_core.ratelimit.ROUTE_LIMITS), shared by every replica
+    # through Redis; flask-limiter notation, several limits joined by ";". Off: nothing is counted.
+    rate_limits_enabled: bool = True
+    status_request_limit_per_ip: str = STATUS_REQUEST_LIMIT_PER_IP
+    pop_request_limit_per_ip: str = POP_REQUEST_LIMIT_PER_IP
+    #: Submit and progress posts, each route counted on its own.
+    submit_request_limit_per_ip: str = SUBMIT_REQUEST_LIMIT_PER_IP
+    #: Worker look-ups (GET /v2/workers...).
+    read_request_limit_per_ip: str = READ_REQUEST_LIMIT_PER_IP
+    #: The longest a rate-limit check waits on Redis; past it (or on any store error) the request is let
+    #: through: a hung or lost store never takes a route down with it.
+    rate_limit_timeout_seconds: float = Field(default=0.5, gt=0)
 
     # Behaviour
     chat_admission_enabled: bool = True
@@ -63,6 +93,47 @@ class HordeSettings(BaseSettings):
     #: (horde_store.model_reference). Unset or empty: an empty reference, so a model is known only when an
     #: online chat worker serves it and every model prices as unknown.
     text_model_reference: str | None = None
+
+    @field_validator(
+        "status_request_limit_per_ip",
+        "pop_request_limit_per_ip",
+        "submit_request_limit_per_ip",
+        "read_request_limit_per_ip",
+    )
+    @classmethod
+    def _check_limits(cls, value: str) -> str:
+        """Limits in flask-limiter notation (``"60/minute"``, ``;``-joined): a typo stops the process at start
+        rather than failing every limited request."""
+        try:
+            if not parse_many(value):
+                raise ValueError(value)
+        except ValueError:
+            raise ValueError(
+                f"{value!r} is not a rate limit such as '60/minute' or '2/second;90/minute'"
+            ) from None
+        return value
+
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _check_forwarded_allow_ips(cls, value: str) -> str:
+        """Each entry an IP address or network (or ``*``): uvicorn would silently treat a typo as a literal
+        that never matches, leaving the proxy untrusted, or trust more than meant."""
+        entries = [e.strip() for e in value.split(",") if e.strip()]
+        for entry in entries:
+            if entry == "*":
+                continue
+            try:
+                if "/" in entry:
+                    ipaddress.ip_network(entry, strict=False)
+                else:
+                    ipaddress.ip_address(entry)
+            except ValueError:
+                raise ValueError(f"{entry!r} is not an IP address or network") from None
+        return ",".join(entries)
+
+    def trusted_proxies(self) -> list[str]:
+        """The trusted proxy entries of :attr:`forwarded_allow_ips` (empty: trust nobody)."""
+        return [e for e in self.forwarded_allow_ips.split(",") if e]
 
     def dispatch_target(self) -> str:
         """gRPC target of dispatch's WorkerPoolService (``host:port``)."""

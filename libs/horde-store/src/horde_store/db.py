@@ -1,5 +1,12 @@
 """PostgreSQL connections for every service: an asyncpg pool whose connections decode ``json`` and
-``jsonb`` to Python values (and encode them with :func:`json.dumps`)."""
+``jsonb`` to Python values (and encode them with :func:`json.dumps`).
+
+The pool has timeouts, so a hung or overloaded server fails a request fast (``TimeoutError``, which the app
+factory answers 503 ServiceUnavailable) instead of queueing requests behind it forever: opening a connection
+(:data:`CONNECT_TIMEOUT_SECONDS`), waiting for a free connection of the pool (:data:`ACQUIRE_TIMEOUT_SECONDS`,
+the default of every ``pool.acquire()`` and of the pool's own ``fetch``/``execute``…) and each command
+(:data:`COMMAND_TIMEOUT_SECONDS`, asyncpg's ``command_timeout``). A caller may pass other values.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +15,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
+
+#: Opening one connection (asyncpg's ``timeout``; its default is 60 s).
+CONNECT_TIMEOUT_SECONDS = 5.0
+#: Waiting for a connection of the pool when every one is in use (asyncpg's default: forever).
+ACQUIRE_TIMEOUT_SECONDS = 10.0
+#: One statement (asyncpg's ``command_timeout``; its default: none). Request-path statements take
+#: milliseconds; the longest (the janitor's batched sweeps) well under a second.
+COMMAND_TIMEOUT_SECONDS = 30.0
 
 
 def normalize_dsn(dsn: str) -> str:
@@ -42,12 +57,32 @@ async def connect(dsn: str, **kwargs: Any) -> asyncpg.Connection:
     return conn
 
 
-async def create_pool(dsn: str, **kwargs: Any) -> asyncpg.Pool:
-    """``asyncpg.create_pool(dsn, **kwargs)`` with the json/jsonb codecs set on every connection.
+class TimedPool(asyncpg.Pool):
+    """An asyncpg pool whose ``acquire()`` waits at most ``acquire_timeout`` seconds unless given a timeout."""
 
-    ``kwargs`` go to asyncpg (``min_size``, ``max_size``, ``command_timeout``…); an ``init`` callback
-    given there runs after the codecs are set. Raises what asyncpg raises when the server is
-    unreachable (OSError, asyncpg.PostgresError).
+    __slots__ = ("_acquire_timeout",)
+
+    def __init__(self, *args: Any, acquire_timeout: float | None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._acquire_timeout = acquire_timeout
+
+    def acquire(self, *, timeout: float | None = None) -> Any:
+        return super().acquire(timeout=self._acquire_timeout if timeout is None else timeout)
+
+
+async def create_pool(
+    dsn: str,
+    *,
+    acquire_timeout: float | None = ACQUIRE_TIMEOUT_SECONDS,
+    min_size: int = 10,
+    max_size: int = 10,
+    **kwargs: Any,
+) -> asyncpg.Pool:
+    """An asyncpg pool on ``dsn`` with the json/jsonb codecs set on every connection and the timeouts above.
+
+    ``kwargs`` go to asyncpg (``command_timeout``, ``timeout``, ``max_queries``…); an ``init`` callback
+    given there runs after the codecs are set; ``acquire_timeout`` None waits for a connection forever.
+    Raises what asyncpg raises when the server is unreachable (OSError, TimeoutError, asyncpg.PostgresError).
     """
     user_init: Callable[[asyncpg.Connection], Awaitable[None]] | None = kwargs.pop("init", None)
 
@@ -56,6 +91,20 @@ async def create_pool(dsn: str, **kwargs: Any) -> asyncpg.Pool:
         if user_init is not None:
             await user_init(conn)
 
-    pool = await asyncpg.create_pool(normalize_dsn(dsn), init=init, **kwargs)
-    assert pool is not None
+    kwargs.setdefault("timeout", CONNECT_TIMEOUT_SECONDS)
+    kwargs.setdefault("command_timeout", COMMAND_TIMEOUT_SECONDS)
+    pool = TimedPool(
+        normalize_dsn(dsn),
+        acquire_timeout=acquire_timeout,
+        min_size=min_size,
+        max_size=max_size,
+        max_queries=kwargs.pop("max_queries", 50000),
+        max_inactive_connection_lifetime=kwargs.pop("max_inactive_connection_lifetime", 300.0),
+        connection_class=kwargs.pop("connection_class", asyncpg.Connection),
+        record_class=kwargs.pop("record_class", asyncpg.Record),
+        loop=None,
+        init=init,
+        **kwargs,
+    )
+    await pool
     return pool

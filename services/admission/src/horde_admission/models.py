@@ -1,12 +1,18 @@
 """``GET /v2/status/models``: the text model list, and with ``chat=true`` each model's chat offer.
 
-Text path §8 (fields, 2 s cache keyed by the query string); spec: chat-requests.md **Chat model list**.
-Simplified: the list is computed from the workers table on each miss of the 2 s cache (no models_cache
-rebuild loop), and only type=text has entries (this horde serves no image models).
+Text path §8 (fields, 2 s cache); spec: chat-requests.md **Chat model list**. Simplified: the list is
+computed from the workers table on a miss of the 2 s cache (no models_cache rebuild loop), and only type=text
+has entries (this horde serves no image models).
+
+The cache is keyed by the normalised parameters that shape the computed list (only ``chat``), not by the query
+string as upstream's is: ``model_state``, ``min_count`` and ``max_count`` filter the cached list, and an unknown
+parameter or a reordered query hits the same entry, so a client cannot make every request miss the cache and
+run the query. Concurrent misses in one process wait for one query (single flight).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import Any
@@ -24,6 +30,7 @@ router = APIRouter()
 
 ROUTE_CACHE_SECONDS = 2
 ONLINE_SECONDS = 300
+CACHE_KEY_PREFIX = "horde:admission:models:v2:"
 
 # One row per (model, worker) for online workers not in maintenance: the text models a worker pops with,
 # and its chat model_id. The chat object comes from the same pass.
@@ -133,29 +140,62 @@ async def status_models(
     if type != "text":
         return JSONResponse([])
     state = get_state(request)
-    cache_key = f"horde:admission:models:{request.url.query}"
-    try:
-        cached = await state.redis.get(cache_key)
-    except Exception:
-        cached = None
-    if cached:
-        return JSONResponse(json.loads(cached))
+    entries = await _cached_entries(request, chat)
+    filtered = []
+    for entry in entries:
+        if not _state_filter(entry["name"], model_state, state.model_reference):
+            continue
+        if min_count is not None and entry["count"] < min_count:
+            continue
+        if max_count is not None and entry["count"] > max_count:
+            continue
+        filtered.append(entry)
+    return JSONResponse(filtered)
+
+
+def models_cache_key(chat: bool) -> str:
+    """The cache key of the computed text model list: ``chat`` is the only parameter that shapes it."""
+    return f"{CACHE_KEY_PREFIX}{'chat' if chat else 'text'}"
+
+
+async def _compute_entries(request: Request, chat: bool) -> list[dict[str, Any]]:
+    state = get_state(request)
     async with state.pool.acquire() as conn:
         rows = await conn.fetch(_MODELS_SQL, float(ONLINE_SECONDS))
-    entries = []
-    for row in rows:
-        if chat and row["chat_workers"] is None:
-            continue
-        if not _state_filter(row["name"], model_state, state.model_reference):
-            continue
-        count = int(row["count"])
-        if min_count is not None and count < min_count:
-            continue
-        if max_count is not None and count > max_count:
-            continue
-        entries.append(_entry(row, chat))
+    return [_entry(row, chat) for row in rows if not (chat and row["chat_workers"] is None)]
+
+
+async def _read_cache(request: Request, key: str) -> list[dict[str, Any]] | None:
     try:
-        await state.redis.set(cache_key, json.dumps(entries), ex=ROUTE_CACHE_SECONDS)
+        cached = await get_state(request).redis.get(key)
     except Exception:
-        log.warning("models cache write failed", exc_info=True)
-    return JSONResponse(entries)
+        return None
+    if not cached:
+        return None
+    try:
+        value = json.loads(cached)
+    except ValueError:
+        return None
+    return value if isinstance(value, list) else None
+
+
+async def _cached_entries(request: Request, chat: bool) -> list[dict[str, Any]]:
+    """Every entry of the list (unfiltered), from the 2 s cache or computed once per process on a miss."""
+    key = models_cache_key(chat)
+    cached = await _read_cache(request, key)
+    if cached is not None:
+        return cached
+    locks: dict[str, asyncio.Lock] | None = getattr(request.app.state, "models_cache_locks", None)
+    if locks is None:
+        locks = request.app.state.models_cache_locks = {}
+    lock = locks.setdefault(key, asyncio.Lock())
+    async with lock:
+        cached = await _read_cache(request, key)
+        if cached is not None:
+            return cached
+        entries = await _compute_entries(request, chat)
+        try:
+            await get_state(request).redis.set(key, json.dumps(entries), ex=ROUTE_CACHE_SECONDS)
+        except Exception:
+            log.warning("models cache write failed", exc_info=True)
+    return entries

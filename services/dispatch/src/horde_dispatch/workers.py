@@ -2,10 +2,32 @@
 
 Spec: chat-requests.md *Chat declaration on pop* (the declaration is stored at every pop, inside the 30 s
 window too), *Worker details*; ai-horde-text-path.md §6 (creation, check-in, online, trusted, validated).
+
+Creation limits (upstream ``JobPopTemplate.get_worker`` and ``User.exceeding_ipaddr_restrictions``), checked
+only when a pop names a worker that does not exist yet, in this order, each 403:
+
+- ``TooManyWorkers``: an untrusted owner already has more than :data:`UNTRUSTED_WORKER_LIMIT` (3) workers;
+- ``TooManyWorkersTrusted``: any owner with more than :data:`TRUSTED_WORKER_LIMIT` (20) workers and more than
+  its ``worker_invited`` allowance;
+- ``TooManySameIPs``: more than :data:`SAME_IP_WORKER_LIMIT` (3; for a trusted owner
+  :data:`SAME_IP_TRUSTED_WORKER_LIMIT`, 20) workers already on the pop's address, and more than the owner's
+  ``worker_invited``.
+
+Workers on the address are counted whoever owns them, as the reference words the rule ("more than 3 workers
+on the IP"). Upstream's ``exceeding_ipaddr_restrictions`` counts only the owner's own workers, which under its
+thresholds can never exceed what the worker-count rules already refuse, so it never fires; counting every
+owner's makes the rule do what it is for, stopping one address from onboarding workers under many accounts. A
+loopback address is not counted: it is a worker on the broker's own host (``make run``, the tests), never an
+internet client, as behind a proxy only a trusted proxy's X-Forwarded-For could claim it.
+
+Counts include workers that are not online (as upstream's), and are taken under a per-owner and a per-address
+lock, so parallel pops with new names cannot create past a limit together. The address is the pop's client
+address (the ``X-Forwarded-For`` client only behind a trusted proxy: ``HORDE_FORWARDED_ALLOW_IPS``).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +56,21 @@ VALIDATED_BRIDGES = frozenset(
 CHECK_IN_WINDOW_SECONDS = 30
 
 WRONG_CREDENTIALS_MESSAGE = "Wrong credentials to submit as this worker."
+
+#: Worker creation limits (upstream's constants and messages; ai-horde-text-path.md §6).
+UNTRUSTED_WORKER_LIMIT = 3
+TRUSTED_WORKER_LIMIT = 20
+SAME_IP_WORKER_LIMIT = 3
+SAME_IP_TRUSTED_WORKER_LIMIT = 20
+TOO_MANY_WORKERS_MESSAGE = "To avoid abuse, untrusted users can only have up to 3 distinct workers."
+TOO_MANY_WORKERS_TRUSTED_MESSAGE = (
+    "To avoid abuse, you cannot onboard more than 20 workers as a trusted user. "
+    "Please contact us on Discord to adjust."
+)
+TOO_MANY_SAME_IPS_MESSAGE = (
+    "You are running too many workers from the same location. To prevent abuse, please contact us on "
+    "Discord to allow you to join more workers from the same IP: https://discord.gg/aG68kk3Qpz"
+)
 
 
 def bridge_name(bridge_agent: str | None) -> str:
@@ -108,11 +145,82 @@ RETURNING w.id, w.user_id, w.name, (w.xmax = 0) AS created_now, w.threads, w.max
 )
 
 
-async def check_in(conn: Conn, owner_id: int, pop: PopBody, ipaddr: str | None) -> WorkerRow:
-    """Create the worker on its first pop or check it in, storing the chat declaration; one statement.
+_CREATION_COUNTS = """
+SELECT u.trusted, u.worker_invited,
+       (SELECT count(*) FROM workers w WHERE w.user_id = u.id) AS workers,
+       CASE WHEN $2::text IS NULL THEN 0
+            ELSE (SELECT count(*) FROM workers w WHERE w.ipaddr = $2::text) END AS same_ip
+FROM users u WHERE u.id = $1
+"""
+_CREATION_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))"
 
-    Raises 403 WrongCredentials when another user owns a worker of that name.
+
+def client_ip(ipaddr: str | None) -> str | None:
+    """The pop's client address as stored (``workers.ipaddr``), or None when it is not an IP address (a test
+    client's name, or what a client behind a trusted proxy put in X-Forwarded-For)."""
+    if not ipaddr:
+        return None
+    try:
+        return str(ipaddress.ip_address(ipaddr))
+    except ValueError:
+        return None
+
+
+def counted_address(ipaddr: str | None) -> str | None:
+    """The address the same-IP rule counts, or None for none (not an IP address, or loopback)."""
+    address = client_ip(ipaddr)
+    if address is None or ipaddress.ip_address(address).is_loopback:
+        return None
+    return address
+
+
+def creation_refusal(trusted: bool, worker_invited: int, workers: int, same_ip: int) -> HordeError | None:
+    """The 403 a new worker of an owner with ``workers`` workers gets when ``same_ip`` workers are already on
+    the pop's address, or None when it may be created (upstream's order and thresholds)."""
+    if not trusted and workers > UNTRUSTED_WORKER_LIMIT:
+        return HordeError(403, "TooManyWorkers", TOO_MANY_WORKERS_MESSAGE)
+    if workers > TRUSTED_WORKER_LIMIT and workers > worker_invited:
+        return HordeError(403, "TooManyWorkersTrusted", TOO_MANY_WORKERS_TRUSTED_MESSAGE)
+    same_ip_limit = SAME_IP_TRUSTED_WORKER_LIMIT if trusted else SAME_IP_WORKER_LIMIT
+    if same_ip > same_ip_limit and same_ip > worker_invited:
+        return HordeError(403, "TooManySameIPs", TOO_MANY_SAME_IPS_MESSAGE)
+    return None
+
+
+async def check_in(conn: Conn, owner_id: int, pop: PopBody, ipaddr: str | None) -> WorkerRow:
+    """Create the worker on its first pop or check it in, storing the chat declaration.
+
+    A name nobody uses yet is a new worker: the creation limits above are checked first (403 TooManyWorkers,
+    TooManyWorkersTrusted, TooManySameIPs), under a per-owner transaction lock. Raises 403 WrongCredentials
+    when another user owns a worker of that name.
     """
+    if isinstance(conn, asyncpg.Pool):
+        async with conn.acquire() as acquired:
+            return await check_in(acquired, owner_id, pop, ipaddr)
+    ipaddr = client_ip(ipaddr)
+    if await conn.fetchval("SELECT 1 FROM workers WHERE name = $1", pop.text.name) is not None:
+        return await _upsert(conn, owner_id, pop, ipaddr)
+    address = counted_address(ipaddr)
+    async with conn.transaction():
+        # The owner's lock, then the address's: every creation takes them in this order.
+        await conn.execute(_CREATION_LOCK, f"horde.worker_creation.owner:{owner_id}")
+        if address is not None:
+            await conn.execute(_CREATION_LOCK, f"horde.worker_creation.ip:{address}")
+        counts = await conn.fetchrow(_CREATION_COUNTS, owner_id, address)
+        if counts is not None:
+            refusal = creation_refusal(
+                bool(counts["trusted"]),
+                int(counts["worker_invited"]),
+                int(counts["workers"]),
+                int(counts["same_ip"]),
+            )
+            if refusal is not None:
+                raise refusal
+        return await _upsert(conn, owner_id, pop, ipaddr)
+
+
+async def _upsert(conn: Conn, owner_id: int, pop: PopBody, ipaddr: str | None) -> WorkerRow:
+    """The check-in statement: create the worker or check it in (the name's owner only)."""
     text = pop.text
     d: ChatDeclaration = pop.declaration
     row = await conn.fetchrow(
@@ -215,6 +323,8 @@ def worker_not_found(label: str) -> HordeError:
 
 async def list_workers(conn: Conn, name: str | None = None) -> list[dict[str, Any]]:
     """Details of every online worker (checked in within 300 s), optionally only the one named ``name``."""
+    if name is not None and "\x00" in name:
+        return []  # PostgreSQL text cannot hold NUL, and no worker name does
     rows = await conn.fetch(
         f"""
         SELECT {_DETAILS_COLUMNS}
@@ -244,6 +354,8 @@ async def get_worker_by_id(conn: Conn, worker_id: str) -> dict[str, Any]:
 
 async def get_worker_by_name(conn: Conn, name: str) -> dict[str, Any]:
     """Details of one worker by name; 404 WorkerNotFound when none has that name."""
+    if "\x00" in name:
+        raise worker_not_found(name.replace("\x00", "\ufffd"))
     row = await conn.fetchrow(
         f"SELECT {_DETAILS_COLUMNS} FROM workers w JOIN users u ON u.id = w.user_id WHERE w.name = $1", name
     )

@@ -7,7 +7,10 @@
   cancelled on its posted content, as the cancel would have settled it, and answers ``faulted=false`` (the
   cancel's settlement call failed, and the lease lapsed after the worker stopped as it was told).
 - ``SettleCancelledGeneration``: settle a streamed generation in flight at a cancel on the content its worker
-  posted, and fault it as cancelled (spec: **Pricing**). ``settled=false`` when it was no longer pending.
+  posted, and fault it as cancelled (spec: **Pricing**). ``settled=false`` when it was no longer pending (or
+  is not stored). A pending generation whose request was not cancelled, or that does not stream progress, is
+  refused with ``FAILED_PRECONDITION``: this call settles only what a cancel settles, so a caller cannot use it
+  to end (and price) a job its requester still waits for.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from horde_contract import TextModelReference
 
 from horde_submit import generations as gens
 from horde_submit.faults import apply_fault
-from horde_submit.settle import settle_cancelled_context, settle_cancelled_generation
+from horde_submit.settle import settle_cancelled_context
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +80,21 @@ class SettlementServicer(settlement_pb2_grpc.SettlementServiceServicer):  # type
         if gen_id is None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "generation_id is not a UUID")
         assert gen_id is not None
-        result = await settle_cancelled_generation(self.pool, self.signal, self.models, gen_id)
+        async with self.pool.acquire() as conn:
+            ctx = await gens.load_context(conn, gen_id)
+        if ctx is not None and ctx.pending and not ctx.request_cancelled:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"Generation {gen_id}: its request was not cancelled, so it is not settled as cancelled.",
+            )
+        if ctx is not None and ctx.pending and not ctx.streamed:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"Generation {gen_id} does not stream progress: a cancel does not settle it.",
+            )
+        if ctx is None:
+            return settlement_pb2.SettleCancelledGenerationResponse(settled=False)
+        result = await settle_cancelled_context(self.pool, self.signal, self.models, ctx)
         return settlement_pb2.SettleCancelledGenerationResponse(
             settled=result.settled, character_count=result.character_count, kudos=result.kudos
         )
