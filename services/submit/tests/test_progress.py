@@ -183,7 +183,8 @@ async def test_without_a_lease(app_client, factory) -> None:
     [
         (b'{"id": "a\\udc00", "seq": 1, "delta": {"content": "x"}}', "lone UTF-16 surrogate"),
         (b'{"id": "a", "seq": 1, "delta": {"content": "\\ud800"}}', "lone UTF-16 surrogate"),
-        (b"[" * 100_000 + b"]" * 100_000, "not valid JSON"),
+        (b"[" * 100_000 + b"]" * 100_000, "The JSON body has more than 1024 elements"),
+        (b'{"id": "x", "seq": 1, "delta": ' + b"[" * 65 + b"]" * 65 + b"}", "nests deeper than 64 levels"),
         (b"\xff\xfe", "not UTF-8"),
         (b'{"id": NaN}', "not valid JSON"),
     ],
@@ -195,7 +196,7 @@ async def test_hostile_bodies_are_400_before_any_store_is_touched(app_client, ra
 
 
 async def test_a_body_past_any_cap_is_refused_unread(app_client) -> None:
-    from horde_submit.progress import MAX_PROGRESS_BODY_BYTES
+    from horde_contract.limits import MAX_PROGRESS_BODY_BYTES
 
     raw = b'{"id": "x", "seq": 1, "delta": {"content": "' + b"a" * MAX_PROGRESS_BODY_BYTES + b'"}}'
     r = await app_client.post(PROGRESS, content=raw, headers={"content-type": "application/json"})
@@ -341,6 +342,10 @@ async def test_settle_cancelled_generation(app_client, submit_settings, factory,
         assert (
             await app_client.post(PROGRESS, json=post_body(job, seq, part, "r" * 50), headers=key)
         ).status_code == 200
+    # The cancel (admission's) has claimed the request: only then is its streamed generation settled as cancelled.
+    await factory.row(
+        "UPDATE waiting_prompts SET cancelled = true, n = 0 WHERE id = $1 RETURNING id", job.wp_id
+    )
     channel = insecure_channel(f"127.0.0.1:{submit_settings.submit_grpc_port}")
     try:
         stub = settlement_pb2_grpc.SettlementServiceStub(channel)

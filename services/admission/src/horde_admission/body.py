@@ -1,11 +1,11 @@
-"""The chat body bound: 413 RequestTooLarge before parsing (spec: Routes, step 1; read_chat_request_body)."""
+"""The request body of admission's routes: horde_core's one body reader under the chat bounds (413
+RequestTooLarge before parsing, spec: Routes, step 1; read_chat_request_body), refusals in the Horde envelope."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from fastapi import Request
-from horde_contract import load_json_body
 from horde_core import body
 from horde_core.errors import HordeError
 
@@ -35,15 +35,28 @@ async def read_bounded_body(request: Request, limit: int, read_timeout: float = 
         raise HordeError(400, "BadRequest", str(exc)) from None
 
 
-def parse_json_object(raw: bytes) -> dict[str, Any]:
-    """The body as a JSON object, read by the contract's ``load_json_body`` (the front reads it the same way).
+def parse_json_object(raw: bytes, limits: body.BodyLimits = body.CHAT_BODY_LIMITS) -> dict[str, Any]:
+    """The body as a JSON object: its structure checked against ``limits`` (400 BadRequest "The JSON body
+    nests deeper than 64 levels." or "... has more than N elements ...") before the contract's
+    ``load_json_body`` reads it (the front reads it the same way).
 
     400 BadRequest when it is not JSON, holds NaN, Infinity or a lone surrogate, or is not an object; 400
     NulByteInPayload for a NUL character.
     """
-    body = load_json_body(raw or b"null")
-    if not isinstance(body, dict):
+    try:
+        value = body.parse_json_body(raw, limits, allow_empty=True)
+    except body.JsonStructureError as exc:
+        raise HordeError(400, "BadRequest", exc.message) from None
+    if not isinstance(value, dict):
         raise HordeError(
             400, "BadRequest", "Input payload validation failed: the body has to be a JSON object."
         )
-    return body
+    return value
+
+
+async def read_json_object(
+    request: Request, read_timeout: float, limits: body.BodyLimits = body.CHAT_BODY_LIMITS
+) -> dict[str, Any]:
+    """The body as a JSON object within ``limits`` (the chat route's by default: MAX_CHAT_BODY_BYTES, then
+    the elements and depth the contract allows): :func:`read_bounded_body`, then :func:`parse_json_object`."""
+    return parse_json_object(await read_bounded_body(request, limits.max_bytes, read_timeout), limits)

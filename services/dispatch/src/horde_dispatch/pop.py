@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Header, Request
+from fastapi import APIRouter, Depends, Header, Request
 from horde_contract import (
     RC,
     TRUSTED_TEXT_JOB_LEASE_CAP_SECONDS,
@@ -27,7 +27,7 @@ from .auth import authenticate_worker_owner
 from .lease import effective_speed, lease_capacity, record_capacity_limit
 from .metrics import GATE_SHADOW_ASSIGNMENTS, QUEUE_WAIT_SECONDS, requester_kind, size_bucket
 from .payload import chat_job_payload, text_job_payload
-from .pop_body import PopBody, parse_pop_body
+from .pop_body import PopBody, parse_pop_body, read_pop_body
 from .queue import SLOW_WORKER_SPEED, PoppedJob, PopWorker, count_skipped, pop_job
 from .state import DispatchState, get_state
 from .workers import WorkerRow, check_in, is_validated_bridge
@@ -104,7 +104,6 @@ def _pop_worker(pop: PopBody, owner: users.AuthenticatedUser, worker: WorkerRow,
 async def pop_text_job(
     request: Request,
     state: Annotated[DispatchState, Depends(get_state)],
-    body: Annotated[Any, Body()] = None,
     apikey: Annotated[str | None, Header()] = None,
 ) -> dict[str, Any]:
     """Check the worker in and pop one text or chat job.
@@ -120,7 +119,7 @@ async def pop_text_job(
     403 AnonForbiddenWorker, DeletedUser, WorkerFlaggedMaintenance, WrongCredentials (the name belongs to
     another user), WorkerMaintenance (a worker in maintenance with none of its owner's requests queued).
     """
-    pop = parse_pop_body(body)
+    pop = parse_pop_body(await read_pop_body(request, state.settings.body_read_timeout_seconds))
     settings = state.settings
     ipaddr = request.client.host if request.client else None
     # One connection for the whole pop: a request queues for the pool once, not once per statement.

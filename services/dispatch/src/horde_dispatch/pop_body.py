@@ -2,15 +2,18 @@
 declaration (spec: chat-requests.md *Chat declaration on pop*).
 
 The text fields are validated here; the six chat fields are read by ``horde_contract.parse_chat_declaration``
-from the raw body, so the worker, the front and dispatch share one rule.
+from the raw body, so the worker, the front and dispatch share one rule. The body is read by horde_core's body
+reader within the pop's bounds (POP_BODY_LIMITS: 512 KiB, 16,384 elements, 64 levels).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
+from fastapi import Request
 from fastapi.exceptions import RequestValidationError
-from horde_contract import RC, ChatDeclaration, parse_chat_declaration
+from horde_contract import RC, ChatContractError, ChatDeclaration, parse_chat_declaration
+from horde_core import body as body_reader
 from horde_core.errors import HordeError
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
@@ -25,6 +28,10 @@ UNRECOGNISED_MODELS_MESSAGE = (
 )
 
 ModelName = Annotated[StrictStr, Field(min_length=3, max_length=255)]
+#: The largest token length a worker row stores (PostgreSQL ``integer``); a larger declared length is 400.
+MAX_STORED_LENGTH = 2**31 - 1
+#: The largest user id (PostgreSQL ``bigint``): a priority entry naming a larger id names no user.
+MAX_USER_ID = 2**63 - 1
 
 
 class TextPopBody(BaseModel):
@@ -37,8 +44,8 @@ class TextPopBody(BaseModel):
 
     name: Annotated[StrictStr, Field(min_length=1, max_length=100)]
     models: list[ModelName] = Field(default_factory=list)
-    max_length: Annotated[StrictInt, Field(ge=1)] = 512
-    max_context_length: Annotated[StrictInt, Field(ge=1)] = 2048
+    max_length: Annotated[StrictInt, Field(ge=1, le=MAX_STORED_LENGTH)] = 512
+    max_context_length: Annotated[StrictInt, Field(ge=1, le=MAX_STORED_LENGTH)] = 2048
     softprompts: Annotated[list[Annotated[StrictStr, Field(max_length=100)]], Field(max_length=200)] = Field(
         default_factory=list
     )
@@ -74,9 +81,9 @@ class PopBody:
 
 
 def _priority_user_id(entry: str) -> int:
-    """The user id of an ``alias#id`` entry; 400 InvalidPriorityUsername otherwise."""
+    """The user id of an ``alias#id`` entry (ASCII digits); 400 InvalidPriorityUsername otherwise."""
     alias, sep, raw_id = entry.rpartition("#")
-    if not sep or not alias or not raw_id.isdigit():
+    if not sep or not alias or not (raw_id.isascii() and raw_id.isdigit()):
         raise HordeError(
             400,
             RC.InvalidPriorityUsername,
@@ -85,13 +92,38 @@ def _priority_user_id(entry: str) -> int:
     return int(raw_id)
 
 
+async def read_pop_body(request: Request, read_timeout: float) -> Any:
+    """The pop's JSON body (``None`` when empty), read within :data:`horde_core.body.POP_BODY_LIMITS`.
+
+    Errors: 413 RequestTooLarge past its bytes; 408 RequestBodyTimeout when it takes longer than
+    ``read_timeout`` seconds; 400 BadRequest for a malformed Content-Length, past its elements or depth
+    ("Input payload validation failed: body: The JSON body nests deeper than 64 levels."), for invalid JSON,
+    NaN, Infinity or a lone surrogate; 400 NulByteInPayload for a NUL (names are stored as text).
+    """
+    limits = body_reader.POP_BODY_LIMITS
+    try:
+        return await body_reader.read_json_body(request, limits, read_timeout, allow_empty=True)
+    except body_reader.BodyTooLarge as exc:
+        raise HordeError(413, RC.RequestTooLarge, str(exc)) from None
+    except body_reader.BodyReadTimeout as exc:
+        raise HordeError(408, "RequestBodyTimeout", str(exc)) from None
+    except body_reader.InvalidContentLength as exc:
+        raise HordeError(400, RC.BadRequest, f"Input payload validation failed: {exc}") from None
+    except body_reader.JsonStructureError as exc:
+        raise HordeError(
+            400, RC.BadRequest, f"Input payload validation failed: body: {exc.message}"
+        ) from None
+
+
 def parse_pop_body(raw: Any) -> PopBody:
     """Validate a pop body.
 
     Errors: 400 BadRequest for a field of the wrong type or out of range (the message names the field,
     e.g. ``threads``), for an empty ``models`` (upstream's "unrecognised models" message) and for a name
-    containing colab, tpu or google; 400 InvalidPriorityUsername for a priority entry without ``#id``;
-    400 ChatDeclarationInvalid for an invalid chat declaration.
+    containing colab, tpu or google; 400 InvalidPriorityUsername for a priority entry without ``#id`` (ASCII
+    digits; an id past the largest user id names nobody and is dropped); 400 ChatDeclarationInvalid for an
+    invalid chat declaration, chat_limits lengths past :data:`MAX_STORED_LENGTH` included (as the text
+    lengths, 400 BadRequest).
     """
     if not isinstance(raw, dict):
         raise HordeError(400, RC.BadRequest, "Input payload validation failed: body: has to be a JSON object")
@@ -106,4 +138,13 @@ def parse_pop_body(raw: Any) -> PopBody:
         raise HordeError(400, RC.BadRequest, "Worker names cannot contain 'colab', 'tpu' or 'google'.")
     priority_ids = [_priority_user_id(entry) for entry in text.priority_usernames]
     declaration = parse_chat_declaration(raw)
-    return PopBody(text, declaration, priority_ids)
+    for param, value in (
+        ("chat_limits.max_context_length", declaration.chat_max_context_length),
+        ("chat_limits.max_length", declaration.chat_max_length),
+    ):
+        if value is not None and value > MAX_STORED_LENGTH:
+            reason = f"has to be at most {MAX_STORED_LENGTH}."
+            raise ChatContractError(
+                400, RC.ChatDeclarationInvalid, f"'{param}': {reason}", param, openai_message=reason
+            )
+    return PopBody(text, declaration, [i for i in priority_ids if i <= MAX_USER_ID])

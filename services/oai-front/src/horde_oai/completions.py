@@ -20,8 +20,15 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from horde_contract import ANONYMOUS_API_KEY, ChatContractError, load_json_body, parse_chat_request
-from horde_core.body import BodyReadTimeout, BodyTooLarge, read_bounded_body
+from horde_contract import ANONYMOUS_API_KEY, ChatContractError, parse_chat_request
+from horde_core.body import (
+    CHAT_BODY_LIMITS,
+    BodyReadTimeout,
+    BodyTooLarge,
+    JsonStructureError,
+    read_bounded_body,
+)
+from horde_core.body import parse_json_body as parse_bounded_json
 
 from horde_oai.deltas import FIRST_ID, MAX_STREAM_CONNECTIONS, StreamBusy
 from horde_oai.errors import OpenAIError, bad_request
@@ -91,10 +98,14 @@ def invalid_json_error(reason: str = "") -> OpenAIError:
 
 
 def parse_json_body(raw: bytes) -> Any:
-    """The parsed body, read by the contract's ``load_json_body`` as the native route reads it; raises 400
-    BadRequest for invalid JSON, NaN, Infinity, -Infinity, an overflowing number and a lone surrogate."""
+    """The parsed body, read by horde_core's body reader as the native route reads it: its structure within the
+    chat bounds (400 BadRequest "The JSON body nests deeper than 64 levels." or "The JSON body has more than
+    524288 elements ...", checked before any object is built), then the contract's ``load_json_body`` (400
+    BadRequest for invalid JSON, NaN, Infinity, -Infinity, an overflowing number and a lone surrogate)."""
     try:
-        return load_json_body(raw)
+        return parse_bounded_json(raw, CHAT_BODY_LIMITS)
+    except JsonStructureError as exc:
+        raise bad_request(exc.message) from None
     except ChatContractError as exc:
         raise invalid_json_error(exc.message) from None
 

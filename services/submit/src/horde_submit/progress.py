@@ -30,9 +30,9 @@ import asyncpg
 import redis.asyncio as redis
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse
-from horde_contract import RC, ChatContractError, load_json_body
+from horde_contract import RC
 from horde_contract.limits import TEXT_JOB_LEASE_SECONDS
-from horde_core.body import BodyReadTimeout, BodyTooLarge, InvalidContentLength, read_bounded_body
+from horde_core.body import PROGRESS_BODY_LIMITS
 from horde_core.chat_stream import (
     FLAG_ON,
     AppendResult,
@@ -51,6 +51,7 @@ from horde_store.users import hash_api_key
 
 from horde_submit import generations as gens
 from horde_submit.auth import WRONG_CREDENTIALS_MESSAGE
+from horde_submit.body import read_submit_body
 from horde_submit.contract import replace_nul
 from horde_submit.metrics import flag
 
@@ -265,33 +266,19 @@ class ProgressHandler:
 router = APIRouter(tags=["progress"])
 
 
-# A post's delta is at most the generation's byte cap (16 bytes per max_length token, 256 KiB at the largest
-# max_length); JSON escapes can take six bytes per character, so 2 MiB holds any legal post.
-MAX_PROGRESS_BODY_BYTES = 2 * 1024 * 1024
-
-
 @router.post("/v2/generate/text/progress")
 async def progress_route(request: Request, apikey: str | None = Header(default=None)) -> JSONResponse:
     """Post a streamed chat job's progress: 200 ``{"accepted_seq": int, "cancelled": bool}``.
 
-    The body is read bounded (413 ChatProgressCapReached past :data:`MAX_PROGRESS_BODY_BYTES`, which no
-    post under the cap reaches; 408 RequestBodyTimeout when it trickles) and parsed by the contract's JSON
-    reader (400 BadRequest for invalid JSON, deep nesting, lone surrogates)."""
+    The body is read by horde_core's body reader within PROGRESS_BODY_LIMITS (413 ChatProgressCapReached past
+    MAX_PROGRESS_BODY_BYTES, 2 MiB, which no post under the cap reaches; 408 RequestBodyTimeout when it
+    trickles; 400 BadRequest past 1024 elements or 64 levels, checked before any object is built) and parsed
+    by the contract's JSON reader (400 BadRequest for invalid JSON, lone surrogates)."""
     handler: ProgressHandler = request.app.state.progress
-    try:
-        raw = await read_bounded_body(request, MAX_PROGRESS_BODY_BYTES, handler.read_timeout)
-    except BodyTooLarge:
-        raise HordeError(
-            413,
-            RC.ChatProgressCapReached,
-            "This post is larger than any generation's progress cap. Stop posting progress; still submit the reply.",
-        ) from None
-    except BodyReadTimeout as exc:
-        raise HordeError(408, "RequestBodyTimeout", str(exc)) from None
-    except InvalidContentLength as exc:
-        raise bad_request(f"Input payload validation failed: {exc}") from None
-    try:
-        body = load_json_body(raw, refuse_nul=False)
-    except ChatContractError as exc:
-        raise bad_request(f"Input payload validation failed: body: {exc.message}") from None
+    too_large = HordeError(
+        413,
+        RC.ChatProgressCapReached,
+        "This post is larger than any generation's progress cap. Stop posting progress; still submit the reply.",
+    )
+    body = await read_submit_body(request, PROGRESS_BODY_LIMITS, handler.read_timeout, too_large=too_large)
     return JSONResponse(await handler.post(body, apikey))
