@@ -12,7 +12,7 @@ from pathlib import Path
 import horde_contract
 
 PACKAGE = Path(horde_contract.__file__).parent
-ALLOWED_THIRD_PARTY = {"pydantic", "jsonschema", "referencing"}
+ALLOWED_THIRD_PARTY = {"pydantic", "jsonschema", "jsonschema_specifications", "referencing", "re2"}
 FORBIDDEN = {
     "redis", "asyncpg", "psycopg", "psycopg2", "sqlalchemy", "boto3", "botocore", "fastapi", "starlette",
     "flask", "httpx", "requests", "aiohttp", "urllib3", "grpc", "socket", "horde", "horde_core", "horde_store",

@@ -44,7 +44,8 @@ SUBMIT_REFUSALS = [
         "state",
         "'state': has to be one of ok, censored, csam, faulted.",
     ),
-    ("seed", submit(seed="1"), 400, INV, "seed", "'seed': has to be an integer."),
+    ("seed", submit(seed="1"), 400, INV, "seed", "'seed': has to be an integer of at most 64 bits."),
+    ("seed-range", submit(seed=2**63), 400, INV, "seed", "'seed': has to be an integer of at most 64 bits."),
     (
         "gen-metadata",
         submit(gen_metadata=[1]),
@@ -607,7 +608,8 @@ VERIFY_CASES: list[tuple[str, hc.ChatSubmit, dict[str, Any] | None, tuple[Any, .
         (
             N,
             "response_format",
-            "The request's response format schema cannot be compiled, so the reply cannot be shown to match it.",
+            "The request's response format schema cannot be compiled (it is not a valid schema: 12 is not valid under any of the given schemas), so the reply "
+            "cannot be shown to match it.",
         ),
         ("ok", "stop"),
     ),
@@ -618,7 +620,8 @@ VERIFY_CASES: list[tuple[str, hc.ChatSubmit, dict[str, Any] | None, tuple[Any, .
         (
             N,
             "response_format",
-            "The request's response format schema cannot be compiled, so the reply cannot be shown to match it.",
+            "The request's response format schema cannot be compiled (the reference 'https://example.com/schema.json' does not resolve inside it), so the reply "
+            "cannot be shown to match it.",
         ),
         ("ok", "stop"),
     ),
@@ -629,7 +632,8 @@ VERIFY_CASES: list[tuple[str, hc.ChatSubmit, dict[str, Any] | None, tuple[Any, .
         (
             N,
             "response_format",
-            "The request's response format schema cannot be compiled, so the reply cannot be shown to match it.",
+            "The request's response format schema cannot be compiled (the reference '#/$defs/missing' does not resolve inside it), so the reply "
+            "cannot be shown to match it.",
         ),
         ("ok", "stop"),
     ),

@@ -1,7 +1,8 @@
 """The chat contract vocabulary the worker speaks, from ``horde_contract`` (spec: chat-requests.md **Chat
 declaration on pop**, **Guarantees**, **Structured submit**, **Worker fault reasons**, **Streaming progress**,
-**Job lease**), so the worker and the services apply one vocabulary. Values are plain strings on the wire
-(every enum is a ``StrEnum``).
+**Job lease**), and the Horde's bounded check of a reply against a strict schema (**Reply verification**), so
+the worker and the services apply one vocabulary and one check. Values are plain strings on the wire (every
+enum is a ``StrEnum``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,12 @@ from horde_contract import (
     ChatFinishReason,
     ChatGuarantee,
     ChatImageTransport,
+)
+from horde_contract.reply_schema import (
+    SchemaBoundExceeded,
+    SchemaUncompilable,
+    compile_reply_schema,
+    reply_schema_error,
 )
 
 __all__ = [
@@ -48,6 +55,10 @@ __all__ = [
     "ChatFinishReason",
     "ChatGuarantee",
     "ChatImageTransport",
+    "SchemaBoundExceeded",
+    "SchemaUncompilable",
+    "compile_reply_schema",
+    "reply_schema_error",
 ]
 
 #: Every feature value (spec: **Chat declaration on pop**).

@@ -8,10 +8,8 @@ Every function here is pure.
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
-
-import jsonschema
-from jsonschema.exceptions import SchemaError
 
 from horde_worker.contract import (
     MAX_NATIVE_FINISH_REASON_LENGTH,
@@ -19,8 +17,14 @@ from horde_worker.contract import (
     MAX_TOOL_CALLS,
     ChatFaultReason,
     ChatGuarantee,
+    SchemaBoundExceeded,
+    SchemaUncompilable,
+    compile_reply_schema,
+    reply_schema_error,
 )
 from horde_worker.jobs import BackendFault, ChatJob, ChatOutput, TextJob
+
+log = logging.getLogger(__name__)
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -308,21 +312,23 @@ def parse_json_strict(text: str) -> Any:
     return json.loads(text, parse_constant=_refuse_constant)
 
 
-def schema_validator(schema: dict[str, Any]) -> jsonschema.protocols.Validator:
-    """A validator for a strict response schema, by the draft its ``$schema`` names (Draft 2020-12 otherwise).
-
-    References resolve only inside the schema (jsonschema retrieves nothing remote). Raises
-    :class:`BackendFault` ``unbuildable_grammar`` when the schema does not compile, since the worker cannot
-    enforce a schema it cannot check (spec: **Reply verification**).
+def schema_validator(schema: dict[str, Any]) -> Any:
+    """A bounded validator for a strict response schema, the Horde's own (``horde_contract.reply_schema``): by
+    the draft its ``$schema`` names (Draft 2020-12 otherwise), patterns matched with RE2, references resolved in
+    an empty registry (inside the schema only: no ``file://``, no URL is ever fetched), checking bounded in
+    steps and CPU time. Raises :class:`BackendFault` ``unbuildable_grammar`` when the schema does not compile,
+    since the worker cannot enforce a schema it cannot check (spec: **Reply verification**); returns None when
+    checking the schema alone exceeds the bounds (the Horde judges the reply then).
     """
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
-        cls.check_schema(schema)
-    except SchemaError as exc:
+        return compile_reply_schema(schema)
+    except SchemaUncompilable as exc:
         raise BackendFault(
-            ChatFaultReason.unbuildable_grammar.value, f"schema does not compile: {exc.message}"
+            ChatFaultReason.unbuildable_grammar.value, f"schema does not compile: {exc}"
         ) from None
-    return cls(schema)
+    except SchemaBoundExceeded as exc:
+        log.warning("strict schema not checked: checking it exceeded %s", exc)
+        return None
 
 
 def check_strict_schema(job: ChatJob, content: str | None, has_tool_calls: bool) -> None:
@@ -331,7 +337,9 @@ def check_strict_schema(job: ChatJob, content: str | None, has_tool_calls: bool)
     A reply with tool calls and empty content is exempt, as at the Horde. Raises :class:`BackendFault`
     ``generation_error`` when the content is not JSON or does not match (the model failed the contract; the
     spec has no closer reason), ``unbuildable_grammar`` when the schema cannot be compiled or a reference does
-    not resolve.
+    not resolve inside it. A check past the bounds of ``horde_contract.reply_schema`` (a pathological schema or
+    reply) leaves the reply unchecked: it is submitted, and the Horde, under the same bounds, refuses it as
+    nonconformant rather than counting a dropped job.
     """
     schema = job.strict_schema
     if schema is None or (has_tool_calls and not content):
@@ -341,10 +349,15 @@ def check_strict_schema(job: ChatJob, content: str | None, has_tool_calls: bool)
         value = parse_json_strict(content or "")
     except ValueError as exc:
         raise BackendFault(ChatFaultReason.generation_error.value, f"reply is not JSON: {exc}") from None
+    if validator is None:
+        return
     try:
-        error = jsonschema.exceptions.best_match(validator.iter_errors(value))
-    except Exception as exc:  # referencing.exceptions.Unresolvable: a $ref that does not resolve inside it
-        raise BackendFault(ChatFaultReason.unbuildable_grammar.value, f"schema reference: {exc}") from None
+        error = reply_schema_error(validator, value)
+    except SchemaUncompilable as exc:  # a $ref that does not resolve inside the schema
+        raise BackendFault(ChatFaultReason.unbuildable_grammar.value, f"schema: {exc}") from None
+    except SchemaBoundExceeded as exc:
+        log.warning("reply not checked against its strict schema: checking it exceeded %s", exc)
+        return
     if error is not None:
         raise BackendFault(
             ChatFaultReason.generation_error.value, f"reply does not match the schema: {error.message}"

@@ -338,7 +338,9 @@ class Worker:
             output = await self._stream_chat(job, lease)
         else:
             output = await self.backend.generate_chat(job)
-        return build_chat_submit(job, output, self.model_id, declared)
+        # In a thread: a strict schema's check may take up to its bound (horde_contract.reply_schema), and the
+        # loop keeps other jobs' progress posts and lease renewals going meanwhile.
+        return await asyncio.to_thread(build_chat_submit, job, output, self.model_id, declared)
 
     # -- streaming progress ----------------------------------------------------------------------------------
 

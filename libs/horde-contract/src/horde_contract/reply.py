@@ -6,7 +6,6 @@ Spec: chat-requests.md *Structured submit*, *Reasoning*, *Reply verification*, *
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 from collections.abc import Mapping
@@ -16,11 +15,20 @@ from typing import Any
 from .errors import RC, ChatContractError
 from .extras import forced_function_name
 from .limits import (
+    CHAT_PROGRESS_BYTES_PER_TOKEN,
     MAX_CHAT_NATIVE_FINISH_REASON_LENGTH,
     MAX_CHAT_REPORTED_TOKENS,
     MAX_CHAT_TEXT_BYTES,
     MAX_CHAT_TOOL_CALL_COUNT,
     MIN_CHARGED_TOKENS,
+)
+from .reply_schema import (
+    DEFAULT_SCHEMA_LIMITS,
+    SchemaBoundExceeded,
+    SchemaLimits,
+    SchemaUncompilable,
+    compile_reply_schema,
+    reply_schema_error,
 )
 from .vocab import ChatConformance, ChatFinishReason, ChatSubmitState
 
@@ -97,8 +105,8 @@ def _parse_common(body: Mapping[str, Any], invalid: Any) -> tuple[str, str, int,
     seed = body.get("seed", 0)
     if seed is None:
         seed = 0
-    if not _is_int(seed):
-        raise invalid("seed", "has to be an integer.")
+    if not _is_int(seed) or not -(2**63) <= seed < 2**63:
+        raise invalid("seed", "has to be an integer of at most 64 bits.")
     metadata = body.get("gen_metadata") or []
     if not isinstance(metadata, list) or not all(isinstance(m, dict) for m in metadata):
         raise invalid("gen_metadata", "has to be an array of objects.")
@@ -153,7 +161,7 @@ def _parse_reply_message(raw: Any) -> dict[str, Any]:
     if reasoning is not None:
         if not isinstance(reasoning, str):
             raise _invalid("message.reasoning_content", "has to be a string.")
-        size = len(reasoning) if reasoning.isascii() else len(reasoning.encode("utf-8", "surrogatepass"))
+        size = _utf8_size(reasoning)
         if size > MAX_CHAT_TEXT_BYTES:
             raise _invalid(
                 "message.reasoning_content",
@@ -244,6 +252,56 @@ def parse_submit_body(body: Any) -> ChatSubmit | TextSubmit:
     )
 
 
+def _utf8_size(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def max_reply_bytes(max_length: int) -> int:
+    """The UTF-8 bytes a reply to a job of ``max_length`` tokens may take: CHAT_PROGRESS_BYTES_PER_TOKEN (16) per
+    token, the same bound as the job's progress posts (a token decodes to a few characters of at most four
+    bytes). Spec: chat-requests.md *Streaming progress*; issue 9 item 3."""
+    return CHAT_PROGRESS_BYTES_PER_TOKEN * max(max_length, 0)
+
+
+def chat_reply_output_bytes(message: Mapping[str, Any]) -> int:
+    """UTF-8 bytes of a chat reply's output as stored twice (generation and message): the content, and each tool
+    call's id, function name and arguments. reasoning_content has its own bound (MAX_CHAT_TEXT_BYTES)."""
+    total = _utf8_size(message.get("content") or "")
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") or {}
+        for part in (call.get("id"), function.get("name"), function.get("arguments")):
+            if isinstance(part, str):
+                total += _utf8_size(part)
+    return total
+
+
+def check_chat_reply_size(message: Mapping[str, Any], max_length: int) -> None:
+    """400 ChatSubmitInvalid (param message) when the reply's content and tool calls take more UTF-8 bytes than
+    :func:`max_reply_bytes` allows for the request's ``max_length``: the reply is bounded by the job, not only by
+    the body. The submit checks it before the model and the reply's contract."""
+    size = chat_reply_output_bytes(message)
+    cap = max_reply_bytes(max_length)
+    if size > cap:
+        raise _invalid(
+            "message",
+            f"the content and tool calls take {size} bytes of UTF-8; at most {cap} are allowed for a job of "
+            f"max_length {max_length} ({CHAT_PROGRESS_BYTES_PER_TOKEN} per token).",
+        )
+
+
+def check_text_reply_size(generation: str, max_length: int) -> None:
+    """400 ChatSubmitInvalid (param generation) when a text job's generation takes more UTF-8 bytes than
+    :func:`max_reply_bytes` allows for the request's ``max_length`` (the same bound as a chat reply's)."""
+    size = _utf8_size(generation)
+    cap = max_reply_bytes(max_length)
+    if size > cap:
+        raise _invalid(
+            "generation",
+            f"takes {size} bytes of UTF-8; at most {cap} are allowed for a job of max_length {max_length} "
+            f"({CHAT_PROGRESS_BYTES_PER_TOKEN} per token).",
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class VerifiedReply:
     """A reply that passed :func:`verify_chat_reply`: ``message`` (tool calls after the single-call
@@ -282,30 +340,7 @@ def chat_reply_finish_reason(
     return finish_reason
 
 
-class _UncompilableSchema(Exception):
-    """The request's schema cannot be compiled (bad schema, or a reference that does not resolve)."""
-
-
-@functools.lru_cache(maxsize=256)
-def _compiled_validator(schema_json: str) -> Any:
-    # Cached by the schema's canonical JSON: checking a schema against its metaschema costs milliseconds,
-    # and a request's replies (retries, n>1 upstream) share one schema.
-    from jsonschema import validators
-    from referencing import Registry
-
-    schema = json.loads(schema_json)
-    try:
-        cls = validators.validator_for(schema, default=validators.Draft202012Validator)
-        cls.check_schema(schema)
-        # An empty registry: references resolve only inside the schema, nothing is fetched.
-        return cls(schema, registry=Registry())
-    except Exception:
-        raise _UncompilableSchema from None
-
-
-def _check_schema(content: str, schema: Any) -> None:
-    from jsonschema import exceptions as js_exceptions
-
+def _check_schema(content: str, schema: Any, limits: SchemaLimits) -> None:
     try:
         value = parse_strict_json(content)
     except ValueError:
@@ -313,27 +348,63 @@ def _check_schema(content: str, schema: Any) -> None:
             "message.content", "The reply content is not JSON, which the response format requires."
         ) from None
     try:
-        validator = _compiled_validator(json.dumps(schema, sort_keys=True, separators=(",", ":")))
-        error = js_exceptions.best_match(validator.iter_errors(value))
-    except Exception:
-        # Uncompilable, or a reference that resolves only while validating.
+        validator = compile_reply_schema(schema, limits)
+    except SchemaBoundExceeded as exc:
         raise _nonconformant(
             "response_format",
-            "The request's response format schema cannot be compiled, so the reply cannot be shown to match it.",
+            f"The request's response format schema cannot be checked within the Horde's bounds ({exc}), so the "
+            "reply cannot be shown to match it.",
         ) from None
+    except SchemaUncompilable as exc:
+        raise _uncompilable(exc) from None
+    try:
+        error = reply_schema_error(validator, value, limits)
+    except SchemaBoundExceeded as exc:
+        raise _nonconformant(
+            "message.content",
+            f"The reply cannot be shown to match the response format schema: checking it exceeded {exc}.",
+        ) from None
+    except SchemaUncompilable as exc:
+        # A reference that resolves only while validating.
+        raise _uncompilable(exc) from None
     if error is not None:
         where = "/".join(str(p) for p in error.absolute_path)
-        location = f" at '/{where}'" if where else ""
+        location = f" at '/{_cut(where, 200)}'" if where else ""
         raise _nonconformant(
             "message.content",
             f"The reply content does not match the response format schema{location}: {error.message}",
         )
 
 
+def _uncompilable(exc: SchemaUncompilable) -> ChatContractError:
+    reason = f" ({exc})" if str(exc) else ""
+    return _nonconformant(
+        "response_format",
+        f"The request's response format schema cannot be compiled{reason}, so the reply cannot be shown to "
+        "match it.",
+    )
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def reply_validates_schema(chat_extras: Mapping[str, Any] | None, conformance: str) -> bool:
+    """Whether :func:`verify_chat_reply` validates the reply against a JSON schema (a strict json_schema under
+    strict conformance): the only check that may take long, so the submit runs it off its event loop."""
+    if conformance != ChatConformance.strict:
+        return False
+    response_format = (chat_extras or {}).get("response_format")
+    if not isinstance(response_format, Mapping) or response_format.get("type") != "json_schema":
+        return False
+    return bool((response_format.get("json_schema") or {}).get("strict"))
+
+
 def verify_chat_reply(
     submit: ChatSubmit | Mapping[str, Any],
     chat_extras: Mapping[str, Any] | None,
     conformance: str = ChatConformance.strict,
+    schema_limits: SchemaLimits = DEFAULT_SCHEMA_LIMITS,
 ) -> VerifiedReply:
     """Check a reply against the request's stored ``chat_extras`` (the client's values) under its conformance.
 
@@ -346,6 +417,10 @@ def verify_chat_reply(
     matching a strict json_schema (validated by its ``$schema`` draft, 2020-12 otherwise, references only
     inside the schema; an uncompilable schema refuses). A reply with empty or null content and tool calls is
     exempt from the response format. Spec: chat-requests.md *Reply verification*.
+
+    The schema check is bounded (:mod:`horde_contract.reply_schema`): patterns in RE2, references in an empty
+    registry, and ``schema_limits`` on steps, reference expansions and CPU time; a check past them refuses the
+    reply with ChatSubmitNonconformant, since it cannot be shown to match.
     """
     if isinstance(submit, ChatSubmit):
         if submit.message is None:
@@ -415,7 +490,7 @@ def verify_chat_reply(
                         "The reply content is not a JSON object, which the response format requires.",
                     )
             elif kind == "json_schema":
-                _check_schema(content or "", spec["schema"])  # type: ignore[index]
+                _check_schema(content or "", spec["schema"], schema_limits)  # type: ignore[index]
     return VerifiedReply(
         message=message,
         finish_reason=chat_reply_finish_reason(finish_reason, message, extras),

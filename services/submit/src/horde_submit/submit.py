@@ -21,15 +21,20 @@ Order of a submit:
 6. A reply to an aborted generation (faulted: lapsed lease, faulted by its worker or settled at a cancel; or
    pending with its request past its expiry): 400 AbortedGen; to a stored one: 400 DuplicateGen. Both come
    before the reply is checked, so they never store a refusal nor count toward any worker counter.
-7. A chat reply: 400 ChatModelMismatch, then ``verify_chat_reply`` (400 ChatSubmitInvalid /
-   ChatSubmitNonconformant); each refusal is recorded in its own commit before the 400.
+7. A reply longer than its job allows (content and tool calls, or a text job's generation, over 16 UTF-8 bytes
+   per max_length token): 400 ChatSubmitInvalid. A chat reply: 400 ChatModelMismatch, then
+   ``verify_chat_reply`` (400 ChatSubmitInvalid / ChatSubmitNonconformant; a strict schema's check runs off the
+   event loop, bounded: :func:`verify_reply`); each refusal is recorded in its own commit before the 400.
 8. Compare-and-set claim and settlement in one transaction; after the commit the ``horde.job_submit.done`` log
    record (every stored reply: chat, text and fake), then the ``generation`` and ``done`` signals.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,17 +45,21 @@ from fastapi.responses import JSONResponse
 from horde_contract import TextModelReference, answer_chat_extras
 from horde_contract.errors import RC, ChatContractError
 from horde_contract.limits import CHAT_CHARGE_BASIS_OUTPUT_ESTIMATE
+from horde_contract.reply import check_chat_reply_size, check_text_reply_size, reply_validates_schema
 from horde_contract.vocab import chat_worker_fault_label, chat_worker_fault_message
+from horde_core.body import SUBMIT_BODY_LIMITS
 from horde_core.chat_stream import delete_lease
 from horde_core.errors import HordeError
 
 from horde_submit import generations as gens
 from horde_submit import pricing
 from horde_submit.auth import authenticate_owner
+from horde_submit.body import read_submit_body
 from horde_submit.contract import (
     ChatSubmit,
     SubmitBody,
     TextSubmit,
+    VerifiedReply,
     build_stored_reply,
     chat_reply_characters,
     parse_submit,
@@ -75,6 +84,31 @@ from horde_submit.signals import ChatSignal, publish
 log = logging.getLogger(__name__)
 
 REFUSAL_RCS = frozenset({RC.ChatSubmitInvalid, RC.ChatSubmitNonconformant, RC.ChatModelMismatch})
+
+#: Threads that validate replies against JSON schemas, off the event loop. Each check stops at the contract's
+#: bounds (horde_contract.reply_schema: 500,000 steps, 2 s of its thread's CPU); more checks wait their turn.
+VERIFY_THREADS = 2
+_verify_pool: ThreadPoolExecutor | None = None
+
+
+def _verify_executor() -> ThreadPoolExecutor:
+    global _verify_pool
+    if _verify_pool is None:
+        _verify_pool = ThreadPoolExecutor(max_workers=VERIFY_THREADS, thread_name_prefix="horde-verify")
+    return _verify_pool
+
+
+async def verify_reply(parsed: ChatSubmit, chat_extras: Any, conformance: str) -> VerifiedReply:
+    """``verify_chat_reply`` (spec: **Reply verification**). A reply it validates against a strict JSON schema
+    is checked in the verify threads, so the event loop keeps answering (health, gRPC, other submits) while it
+    runs; a check past the contract's bounds refuses the reply as ChatSubmitNonconformant. Any other reply is
+    checked inline: its checks are linear in the reply, which the job bounds (``check_chat_reply_size``)."""
+    if not reply_validates_schema(chat_extras, conformance):
+        return verify_chat_reply(parsed, chat_extras, conformance)
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(
+        _verify_executor(), functools.partial(verify_chat_reply, parsed, chat_extras, conformance)
+    )
 
 
 def invalid_job(job_id: Any) -> HordeError:
@@ -115,13 +149,14 @@ def model_mismatch(model_id: Any, assigned: str) -> ChatContractError:
 
 @dataclass
 class Submitter:
-    """The submit route's state: the pool, the signal client and the text model reference (which prices a
-    generation at its served model's multiplier)."""
+    """The submit route's state: the pool, the signal client, the text model reference (which prices a
+    generation at its served model's multiplier) and the longest a body may take to arrive."""
 
     pool: asyncpg.Pool
     signal: redis.Redis | None
     salt: str
     models: TextModelReference
+    read_timeout: float = 60.0
 
     # -- entry point --------------------------------------------------------------------------------------
 
@@ -244,13 +279,18 @@ class Submitter:
             )
             await self._record_refusal(ctx, exc)
             raise exc
+        try:
+            check_chat_reply_size(parsed.message, ctx.max_length)
+        except ChatContractError as too_long:
+            await self._record_refusal(ctx, too_long)
+            raise
         assigned = ctx.served_model
         if assigned is not None and parsed.model_id != assigned:
             exc = model_mismatch(parsed.model_id, assigned)
             await self._record_refusal(ctx, exc)
             raise exc
         try:
-            verified = verify_chat_reply(parsed, answer_chat_extras(ctx.chat_extras), ctx.chat_conformance)
+            verified = await verify_reply(parsed, answer_chat_extras(ctx.chat_extras), ctx.chat_conformance)
         except ChatContractError as exc:
             if exc.rc in REFUSAL_RCS:
                 await self._record_refusal(ctx, exc)
@@ -280,6 +320,11 @@ class Submitter:
             raise submit_invalid(
                 "A text job is submitted with generation; message belongs to chat jobs.", "message"
             )
+        try:
+            check_text_reply_size(parsed.generation, ctx.max_length)
+        except ChatContractError:
+            SUBMIT_OUTCOMES.labels("invalid").inc()
+            raise
         text = replace_nul(parsed.generation)
         claim = gens.Claim(
             generation=text,
@@ -430,11 +475,10 @@ async def submit_route(request: Request, apikey: str | None = Header(default=Non
     """Submit a generated reply (chat: ``message``/``finish_reason``/``model_id``; text: ``generation``).
 
     200 ``{"reward": kudos}``; 400 ChatSubmitInvalid, ChatSubmitNonconformant, ChatModelMismatch, DuplicateGen,
-    AbortedGen, BadRequest; 401 InvalidAPIKey; 403 WrongCredentials; 404 InvalidJobID.
+    AbortedGen, BadRequest; 401 InvalidAPIKey; 403 WrongCredentials; 404 InvalidJobID. The body is read by
+    horde_core's body reader within SUBMIT_BODY_LIMITS (413 RequestTooLarge past 8 MiB, the largest legal
+    reply; 408 RequestBodyTimeout; 400 BadRequest past 16,384 elements or 64 levels, before any object is built).
     """
-    try:
-        body = await request.json()
-    except ValueError as exc:
-        raise HordeError(400, RC.BadRequest, "Input payload validation failed: body: invalid JSON") from exc
     submitter: Submitter = request.app.state.submitter
+    body = await read_submit_body(request, SUBMIT_BODY_LIMITS, submitter.read_timeout)
     return JSONResponse(await submitter.submit(body, apikey))

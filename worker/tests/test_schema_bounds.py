@@ -1,0 +1,139 @@
+"""The worker's strict-schema check is the Horde's bounded one (issue 9 item 3): an empty schema registry (no
+``file://`` or remote ``$ref``, not even a metaschema), RE2 patterns, and a check past its bounds submitted
+unchecked for the Horde to judge rather than faulted."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import logging
+import threading
+import time
+import urllib.request
+from typing import Any
+
+import pytest
+from horde_worker.jobs import BackendFault, ChatJob, ChatOutput
+from horde_worker.replies import build_chat_submit, check_strict_schema, schema_validator
+
+
+def strict_job(schema: dict[str, Any]) -> ChatJob:
+    return ChatJob(
+        id="j1",
+        messages=[{"role": "user", "content": "hi"}],
+        max_length=64,
+        max_context_length=1024,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "p", "strict": True, "schema": schema},
+        },
+    )
+
+
+class _Hits(http.server.BaseHTTPRequestHandler):
+    hits: list[str] = []  # noqa: RUF012
+
+    def do_GET(self) -> None:
+        type(self).hits.append(self.path)
+        body = b'{"type": "integer"}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def schema_server() -> Any:
+    _Hits.hits = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hits)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", _Hits.hits
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize(
+    "ref",
+    [
+        "{server}/schema.json",
+        "file:///etc/passwd",
+        "https://json-schema.org/draft/2020-12/schema",
+        "http://json-schema.org/draft-07/schema#",
+    ],
+    ids=["http", "file", "metaschema-2020-12", "metaschema-draft-07"],
+)
+def test_references_resolve_in_an_empty_registry(schema_server: Any, monkeypatch: Any, ref: str) -> None:
+    base, hits = schema_server
+
+    def no_fetch(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the worker fetched a schema reference")
+
+    monkeypatch.setattr(urllib.request, "urlopen", no_fetch)
+    schema = {"type": "object", "properties": {"a": {"$ref": ref.format(server=base)}}}
+    with pytest.raises(BackendFault) as err:
+        check_strict_schema(strict_job(schema), '{"a": 1}', False)
+    assert err.value.reason == "unbuildable_grammar"
+    assert "does not resolve inside it" in str(err.value)
+    assert hits == []
+
+
+def test_validator_registry_holds_only_the_schema() -> None:
+    schema = {
+        "$defs": {"i": {"type": "integer"}},
+        "type": "object",
+        "properties": {"a": {"$ref": "#/$defs/i"}},
+    }
+    validator = schema_validator(schema)
+    # The resolver's registry: the schema itself, nothing bundled, nothing retrievable.
+    assert list(validator._resolver._registry) == [""]
+    check_strict_schema(strict_job(schema), '{"a": 1}', False)
+    with pytest.raises(BackendFault) as err:
+        check_strict_schema(strict_job(schema), '{"a": "x"}', False)
+    assert err.value.reason == "generation_error"
+
+
+def test_catastrophic_pattern_faults_at_once() -> None:
+    schema = {"type": "object", "properties": {"s": {"type": "string", "pattern": "^(a|a)*$"}}}
+    started = time.perf_counter()
+    with pytest.raises(BackendFault) as err:
+        check_strict_schema(strict_job(schema), json.dumps({"s": "a" * 40 + "!"}), False)
+    assert time.perf_counter() - started < 0.5
+    assert err.value.reason == "generation_error"
+
+
+def test_pattern_re2_does_not_take_is_unbuildable_grammar() -> None:
+    schema = {"type": "object", "properties": {"s": {"type": "string", "pattern": r"(?=a)a"}}}
+    with pytest.raises(BackendFault) as err:
+        check_strict_schema(strict_job(schema), '{"s": "a"}', False)
+    assert err.value.reason == "unbuildable_grammar"
+
+
+def test_a_check_past_its_bounds_is_submitted_unchecked(caplog: Any) -> None:
+    exponential = {
+        "$defs": {
+            "n": {
+                "anyOf": [
+                    {"type": "array", "items": {"$ref": "#/$defs/n"}},
+                    {"type": "array", "items": {"$ref": "#/$defs/n"}},
+                ]
+            }
+        },
+        "$ref": "#/$defs/n",
+    }
+    content = "x"
+    for _ in range(40):
+        content = f"[{json.dumps(content) if content == 'x' else content}]"
+    declared = frozenset({"structured_output_enforced"})
+    started = time.thread_time()
+    with caplog.at_level(logging.WARNING, logger="horde_worker.replies"):
+        body = build_chat_submit(strict_job(exponential), ChatOutput(content=content), "m", declared)
+    assert time.thread_time() - started < 3.0  # 500,000 steps or 2 s of CPU
+    assert body["message"]["content"] == content
+    assert any("not checked" in record.getMessage() for record in caplog.records)
