@@ -136,20 +136,28 @@ def _parse_uuid(value: str) -> uuid.UUID | None:
 
 
 async def authenticate(
-    conn: asyncpg.Connection | PoolConnectionProxy | asyncpg.Pool, apikey: str, salt: str
+    conn: asyncpg.Connection | PoolConnectionProxy | asyncpg.Pool,
+    apikey: str,
+    salt: str,
+    *,
+    shared_keys: bool = True,
 ) -> AuthenticatedUser | None:
     """Resolve an ``apikey`` header to its user, or None for an unknown key (401 InvalidAPIKey).
 
     Order (§1): the anonymous key; a UUID-looking key as a shared-key id (owner + ``shared_key``);
     otherwise (or when no such shared key exists) the salted hash. One query per step taken.
     ``conn`` is an asyncpg connection or pool.
+
+    ``shared_keys=False`` resolves only a user's own key (upstream ``find_user_by_api_key``): the worker
+    routes (pop, submit, progress) take the worker owner's key, and a shared key is a spending key only, so
+    there it matches no user (401 InvalidAPIKey).
     """
     if not apikey:
         return None
     if apikey == ANONYMOUS_API_KEY:
         row = await conn.fetchrow(f"SELECT {_USER_COLUMNS} FROM users WHERE id = $1", ANONYMOUS_USER_ID)
         return AuthenticatedUser(**asdict(_user(row))) if row else None
-    key_id = _parse_uuid(apikey)
+    key_id = _parse_uuid(apikey) if shared_keys else None
     if key_id is not None:
         row = await conn.fetchrow(
             f"""

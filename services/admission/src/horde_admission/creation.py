@@ -3,6 +3,7 @@ and the kudos refusals (spec: Free output allowance, Images, Operation key; text
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 
@@ -81,23 +82,38 @@ async def create_or_refuse(
     requested_length: int,
     jpegs: list[bytes] | None = None,
 ) -> uuid.UUID:
-    """Create the request; a hold the requester cannot cover is 403 KudosUpfront, or 403 NoEligibleWorker
-    (with impossible_reason when the declarations are the cause) when no online worker can serve it.
+    """Create the request; a hold the requester cannot cover is 403 KudosUpfront, what its shared key cannot
+    cover 403 SharedKeyInsufficientKudos, either 403 NoEligibleWorker (with impossible_reason when the
+    declarations are the cause) when no online worker can serve it. Both are checked in the creating
+    transaction under the user's and the key's row locks (:func:`store.reserve`), so parallel requests never
+    hold more than the balance or the key's kudos.
 
     With ``jpegs`` the inactive row is written first, the images are stored under its id (a store failure
     deletes the row: 503 ChatImageStorageUnavailable), then the request is activated; a failed activation
     deletes the row and the images. Raises :class:`store.OperationKeyRace` for a lost operation key race.
     """
+    if new.shared_key_id is not None and not new.shared_key_amount:
+        amount = kudos.shared_key_amount(
+            new.models,
+            new.max_length,
+            new.max_context_length,
+            new.n,
+            new.tax,
+            reference=state.model_reference,
+        )
+        new = dataclasses.replace(new, shared_key_amount=float(amount))
     try:
         if not jpegs:
             async with state.pool.acquire() as conn:
                 request_id = await store.create_request(conn, new, hold)
         else:
             request_id = await _create_with_images(state, new, hold, jpegs)
-    except store.HoldRefused:
+    except store.HoldRefused as refused:
         record_decision(requester, "refused", requested_length, allowance, chat=new.is_chat)
         if availability.eligible_workers == 0:
             raise kudos.no_eligible_worker_for_kudos(availability.impossible_reason()) from None
+        if isinstance(refused, store.SharedKeyHoldRefused):
+            raise kudos.shared_key_insufficient_error(refused.available, refused.amount) from None
         raise kudos.kudos_upfront_error(allowance, hold) from None
     outcome = "funded" if hold > 0 else "free"
     record_decision(requester, outcome, requested_length, allowance, chat=new.is_chat)

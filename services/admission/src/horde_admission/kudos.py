@@ -129,6 +129,16 @@ def kudos_upfront_error(allowance: int, amount: float) -> HordeError:
     )
 
 
+def shared_key_insufficient_error(available: float, amount: float) -> HordeError:
+    """403 SharedKeyInsufficientKudos: the shared key's kudos left (less its requests' holds) and what the
+    request needs (text path §5)."""
+    return HordeError(
+        403,
+        "SharedKeyInsufficientKudos",
+        f"This shared key has {max(available, 0.0):g} kudos left; the request needs {amount:g}.",
+    )
+
+
 def no_eligible_worker_for_kudos(impossible_reason: dict[str, object] | None) -> HordeError:
     """403 NoEligibleWorker in place of a kudos refusal when no online worker can serve the request."""
     message = "No online worker can serve this request"

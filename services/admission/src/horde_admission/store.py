@@ -27,6 +27,16 @@ class HoldRefused(Exception):
     """The requester cannot cover the upfront hold."""
 
 
+class SharedKeyHoldRefused(HoldRefused):
+    """The shared key the request is sent with cannot cover it: ``amount`` is above the key's ``available``
+    kudos (its kudos less the holds of its requests still held). 403 SharedKeyInsufficientKudos."""
+
+    def __init__(self, available: float, amount: float) -> None:
+        super().__init__(f"shared key has {available:g} kudos available; {amount:g} needed")
+        self.available = available
+        self.amount = amount
+
+
 @dataclass
 class NewRequest:
     """A request row to create (waiting_prompts), already validated, sized and priced."""
@@ -48,6 +58,9 @@ class NewRequest:
     worker_ids: list[str] = field(default_factory=list)
     worker_blacklist: bool = False
     shared_key_id: str | None = None
+    #: What the shared key must cover besides the hold (kudos.shared_key_amount); checked with the hold, under
+    #: the key's row lock, against the key's kudos less its requests' holds. 0: the hold only.
+    shared_key_amount: float = 0.0
     client_agent: str = "unknown:0:unknown"
     ipaddr: str | None = None
     operation_key: str | None = None
@@ -138,17 +151,70 @@ async def queue_ahead(conn: Conn, request_id: uuid.UUID, models: list[str]) -> t
     return int(row["position"]), int(row["tokens"]), int(row["jobs"])
 
 
+async def lock_user(conn: Conn, user_id: int) -> None:
+    """Lock the user row until the transaction ends: every placement of a hold takes this lock first."""
+    await conn.execute("SELECT 1 FROM users WHERE id = $1 FOR UPDATE", user_id)
+
+
 async def available_balance(conn: Conn, user_id: int) -> float:
-    """The user's kudos minus their floor and active holds, with the user row locked (inside a transaction)."""
+    """The user's kudos minus their floor and active holds; lock, then check (inside a transaction).
+
+    The row lock is taken by its own statement, and the balance read by the next one: under READ COMMITTED a
+    statement's snapshot is taken when it starts, so a sum in the locking statement itself would miss the holds
+    that requests committed while it waited for the lock, and parallel requests would each see room for their
+    own hold (issue 9 item 7). The second statement's snapshot sees every hold committed before the lock was
+    granted, and no other hold of this user can be placed until this transaction ends."""
+    await lock_user(conn, user_id)
     value = await conn.fetchval(
         """
         SELECT u.kudos - u.min_kudos
                - coalesce((SELECT sum(h.amount) FROM kudos_holds h WHERE h.user_id = u.id), 0)
-        FROM users u WHERE u.id = $1 FOR UPDATE
+        FROM users u WHERE u.id = $1
         """,
         user_id,
     )
     return float(value or 0)
+
+
+async def shared_key_available(conn: Conn, user_id: int, key_id: str) -> float | None:
+    """The shared key's kudos less the holds of its requests, with the key row locked (lock, then check, as
+    :func:`available_balance`); None for an unlimited key (-1) or a key that no longer exists."""
+    await conn.execute("SELECT 1 FROM user_shared_keys WHERE id = $1::uuid FOR UPDATE", key_id)
+    row = await conn.fetchrow(
+        """
+        SELECT k.kudos,
+               coalesce((SELECT sum(h.amount) FROM kudos_holds h
+                          WHERE h.user_id = $2 AND h.shared_key_id = k.id), 0) AS held
+        FROM user_shared_keys k WHERE k.id = $1::uuid
+        """,
+        key_id,
+        user_id,
+    )
+    if row is None or row["kudos"] < 0:
+        return None
+    return float(row["kudos"]) - float(row["held"])
+
+
+async def reserve(conn: Conn, req: NewRequest, hold: float) -> None:
+    """Check that the requester, and the shared key the request is sent with, cover the request, inside the
+    creating transaction and before the row, its hold and its tax are written (text path §5).
+
+    Lock, then check: the user row first (the order settlement locks in too), then the shared key's row, so
+    parallel requests of one user or one key, on either route and in any process, are checked one after the
+    other, each seeing the holds and taxes of those before it. A key must cover ``max(shared_key_amount, hold)``
+    with its kudos less its requests' holds (:class:`SharedKeyHoldRefused`); the user must cover ``hold`` above
+    their floor and active holds (:class:`HoldRefused`). Nothing is locked for a request without a hold or key.
+    """
+    key_amount = max(req.shared_key_amount, hold) if req.shared_key_id else 0.0
+    if hold <= 0 and key_amount <= 0:
+        return
+    if req.shared_key_id and key_amount > 0:
+        await lock_user(conn, req.user_id)
+        available = await shared_key_available(conn, req.user_id, req.shared_key_id)
+        if available is not None and available < key_amount:
+            raise SharedKeyHoldRefused(available, key_amount)
+    if hold > 0 and await available_balance(conn, req.user_id) < hold:
+        raise HoldRefused()
 
 
 _INSERT_REQUEST = """
@@ -188,7 +254,9 @@ SELECT (SELECT id FROM wp) AS id
 async def create_request(conn: Conn, req: NewRequest, hold: float, *, active: bool = True) -> uuid.UUID:
     """Create and activate a request in one transaction: the row, the upfront hold, the horde tax.
 
-    ``hold`` is the upfront amount (0: none); the requester must cover it or :class:`HoldRefused` is raised.
+    ``hold`` is the upfront amount (0: none); the requester must cover it, and a shared key the request is sent
+    with must cover it (or its ``shared_key_amount`` when larger), checked under row locks (:func:`reserve`), or
+    :class:`HoldRefused` (:class:`SharedKeyHoldRefused` for the key) is raised.
     Extra priority is the user's kudos (flagged users: ``round(kudos/1000)`` above 10 kudos, else -100).
     Raises :class:`OperationKeyRace` when the (user, operation_key) unique index refuses the row.
 
@@ -196,12 +264,11 @@ async def create_request(conn: Conn, req: NewRequest, hold: float, *, active: bo
     stores them between the row and :func:`activate_request`.
     """
     if not active:
-        req = dataclasses.replace(req, tax=0.0, operation_key=None)
+        req = dataclasses.replace(req, tax=0.0, operation_key=None, shared_key_amount=0.0)
         hold = 0.0
     try:
         async with conn.transaction():
-            if hold > 0 and await available_balance(conn, req.user_id) < hold:
-                raise HoldRefused()
+            await reserve(conn, req, hold)
             created = await conn.fetchval(
                 _INSERT_REQUEST,
                 req.id,
@@ -282,8 +349,7 @@ async def activate_request(conn: Conn, req: NewRequest, hold: float) -> None:
     the operation key claim in one transaction. Raises :class:`HoldRefused` or :class:`OperationKeyRace`."""
     try:
         async with conn.transaction():
-            if hold > 0 and await available_balance(conn, req.user_id) < hold:
-                raise HoldRefused()
+            await reserve(conn, req, hold)
             await conn.fetchval(
                 _ACTIVATE_REQUEST,
                 req.id,

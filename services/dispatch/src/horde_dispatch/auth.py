@@ -20,12 +20,13 @@ def invalid_api_key() -> HordeError:
 async def authenticate_worker_owner(conn: Conn, apikey: str | None, salt: str) -> users.AuthenticatedUser:
     """The user a worker pops as.
 
-    401 InvalidAPIKey (missing or unknown key); 403 AnonForbiddenWorker (the anonymous key); 403 DeletedUser;
-    403 WorkerFlaggedMaintenance (a flagged owner). One query.
+    401 InvalidAPIKey (missing or unknown key, or a shared key: a spending key, never a worker's credential,
+    matches no user here as upstream's ``find_user_by_api_key``); 403 AnonForbiddenWorker (the anonymous key);
+    403 DeletedUser; 403 WorkerFlaggedMaintenance (a flagged owner). One query.
     """
     if not apikey:
         raise invalid_api_key()
-    user = await users.authenticate(conn, apikey, salt)
+    user = await users.authenticate(conn, apikey, salt, shared_keys=False)
     if user is None:
         raise invalid_api_key()
     if user.is_anonymous:

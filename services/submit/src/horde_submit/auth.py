@@ -21,11 +21,13 @@ async def authenticate_owner(
     the worker's owner ``owner_id``.
 
     ``owner_key_hash`` (read with the generation) settles the common case without a query: the owner's own key.
-    Any other key is looked up, to tell an unknown key (401) from another user's (403).
+    Any other key is looked up, to tell an unknown key (401) from another user's (403). A shared key is a
+    spending key, never a worker's credential: it matches no user here (401, upstream ``find_user_by_api_key``),
+    whoever owns it and whether or not it expired.
     """
     if apikey and owner_key_hash is not None and hash_api_key(apikey, salt) == owner_key_hash.strip():
         return
-    user = await authenticate(conn, apikey, salt) if apikey else None
+    user = await authenticate(conn, apikey, salt, shared_keys=False) if apikey else None
     if user is None:
         raise HordeError(401, RC.InvalidAPIKey, INVALID_API_KEY_MESSAGE)
     if int(user.id) != int(owner_id):

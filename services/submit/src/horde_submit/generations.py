@@ -303,6 +303,15 @@ WITH claim AS (
            evaluating_kudos = u.evaluating_kudos + CASE WHEN u.id = $17 THEN $21::float8 ELSE 0 END
       FROM locked WHERE u.id = locked.id
     RETURNING u.id
+), keyed AS (
+    -- A request sent with a shared key spends it as well (text path §4 Money, §5): the key is debited the
+    -- charge, floored at 0, and counts it as utilized; an unlimited key (-1) stays unlimited.
+    UPDATE user_shared_keys k
+       SET kudos = CASE WHEN k.kudos < 0 THEN k.kudos ELSE greatest(k.kudos - $14::float8, 0) END,
+           utilized = k.utilized + $14::float8
+      FROM claim, waiting_prompts r
+     WHERE r.id = claim.wp_id AND k.id = r.shared_key_id AND NOT claim.fake
+    RETURNING k.id
 ), state AS (
     -- Only for a single-job request ($24): its completion read from this statement's snapshot is exact,
     -- since no other generation of it can be pending (see claim_and_settle).
@@ -331,7 +340,8 @@ SELECT (SELECT count(*) FROM claim) AS claimed,
        (SELECT done FROM done) AS done,
        (SELECT finished FROM done) AS finished,
        (SELECT count(*) FROM wp) + (SELECT count(*) FROM worker) + (SELECT count(*) FROM perf)
-     + (SELECT count(*) FROM paid) + (SELECT count(*) FROM held) + (SELECT count(*) FROM released) AS touched
+     + (SELECT count(*) FROM paid) + (SELECT count(*) FROM held) + (SELECT count(*) FROM released)
+     + (SELECT count(*) FROM keyed) AS touched
 """
 
 # A fresh statement (and so a fresh snapshot) after the claim: a concurrent submit of the same request waits
@@ -368,7 +378,8 @@ async def claim_and_settle(
     One statement claims the generation (``generation IS NULL AND NOT faulted``, its request not past its
     expiry and, for a streamed request, not cancelled: see :attr:`GenerationContext.aborted` and
     :attr:`GenerationContext.cancel_settles`) writing every reply column, pays the worker and its owner,
-    charges the requester kudos+1, adds it to consumed_kudos, consumes the request's kudos hold, refreshes the
+    charges the requester kudos+1 (and the shared key the request was sent with, floored at 0), adds it to
+    consumed_kudos, consumes the request's kudos hold, refreshes the
     request's expiry and records the speed sample (worker_performances, model_performances, and workers.speed
     as the mean of the newest 20 samples); a second statement reads whether the request completed (and
     releases its hold when it did). A fake generation is stored but neither paid nor charged. Returns
@@ -570,6 +581,14 @@ WITH g AS (
            evaluating_kudos = u.evaluating_kudos + CASE WHEN u.id = $6 THEN $9::float8 ELSE 0 END
       FROM locked WHERE u.id = locked.id
     RETURNING u.id
+), keyed AS (
+    -- The shared key the request was sent with is debited the charge too, as at submit (see _CLAIM_SQL).
+    UPDATE user_shared_keys k
+       SET kudos = CASE WHEN k.kudos < 0 THEN k.kudos ELSE greatest(k.kudos - $4::float8, 0) END,
+           utilized = k.utilized + $4::float8
+      FROM g, waiting_prompts r
+     WHERE r.id = g.wp_id AND k.id = r.shared_key_id AND NOT g.fake
+    RETURNING k.id
 ), held AS (
     UPDATE kudos_holds h SET amount = greatest(h.amount - $4::float8, 0)
       FROM g WHERE h.wp_id = g.wp_id AND NOT g.fake
@@ -577,7 +596,7 @@ WITH g AS (
 )
 SELECT (SELECT count(*) FROM g) AS settled,
        (SELECT count(*) FROM wp) + (SELECT count(*) FROM worker) + (SELECT count(*) FROM paid)
-     + (SELECT count(*) FROM held) AS touched
+     + (SELECT count(*) FROM held) + (SELECT count(*) FROM keyed) AS touched
 """
 
 
@@ -585,8 +604,8 @@ async def settle_cancelled(
     conn: Conn, ctx: GenerationContext, characters: int, settlement: Settlement
 ) -> bool:
     """Settle a streamed generation still in flight at a cancel on the ``characters`` its worker posted, inside
-    the caller's transaction (spec: **Pricing**): pay the worker and its owner, charge the requester with the
-    extra burn, record settled_character_count and fault the generation as cancelled (not restarted, not a
+    the caller's transaction (spec: **Pricing**): pay the worker and its owner, charge the requester (and its
+    shared key, as at submit) with the extra burn, record settled_character_count and fault the generation as cancelled (not restarted, not a
     dropped job); then release the request's hold when it is done. False when it was not pending."""
     settled = await conn.fetchval(
         _SETTLE_CANCELLED_SQL,

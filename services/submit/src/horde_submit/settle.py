@@ -77,8 +77,8 @@ async def settle_cancelled_context(
 ) -> CancelSettlement:
     """Settle the generation of ``ctx`` as cancelled (spec: **Pricing**): price the characters its worker
     posted (:func:`read_posted_progress`; kudos by the text formula at its served model, the floor of 20 tokens
-    before any post), pay the worker and its owner (escrow split as at submit), charge the requester the
-    reward plus the extra burn of 1, record ``settled_character_count`` and fault the generation as cancelled:
+    before any post), pay the worker and its owner (escrow split as at submit), charge the requester (and the
+    shared key the request was sent with: text path §4, §5) the reward plus the extra burn of 1, record ``settled_character_count`` and fault the generation as cancelled:
     not restarted, no worker counter (aborted_jobs, uncompleted_jobs) touched. A fake generation is faulted
     as cancelled at 0 kudos. One compare-and-set, so it settles at most once; ``settled=False`` when the
     generation is no longer pending. ``via`` names the caller in the log line (cancel, submit, fault, lapse).
