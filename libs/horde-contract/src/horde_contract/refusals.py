@@ -136,18 +136,26 @@ def source_image_unreadable_error(path: str) -> ChatContractError:
     return path_error(400, RC.SourceImageUnreadable, path, "the image cannot be read.")
 
 
-def source_image_url_refused_error(path: str) -> ChatContractError:
-    """400 SourceImageUrlRefused: the URL (or a redirect) resolves to an address the Horde does not fetch."""
+def source_image_url_refused_error(path: str, reason: str | None = None) -> ChatContractError:
+    """400 SourceImageUrlRefused: the URL (or a redirect) resolves to an address the Horde does not fetch, or
+    names a port other than the standard web ports (CHAT_IMAGE_FETCH_PORTS); ``reason`` replaces the default
+    text (issue 9: the port refusal says so)."""
     return path_error(
         400,
         RC.SourceImageUrlRefused,
         path,
-        "the image URL resolves to an address the Horde does not fetch from, or redirects too often.",
+        reason
+        or "the image URL resolves to an address the Horde does not fetch from, or redirects too often.",
     )
 
 
-def source_image_url_invalid_error(path: str, status: int | None = None) -> ChatContractError:
-    """400 SourceImageUrlInvalid: the URL did not answer 200."""
+def source_image_url_invalid_error(
+    path: str, status: int | None = None, reason: str | None = None
+) -> ChatContractError:
+    """400 SourceImageUrlInvalid: the URL did not answer 200; with ``reason``, the URL is malformed, cannot be
+    encoded as ASCII, sent a compressed body or did not answer in time (issue 9), and ``reason`` says which."""
+    if reason is not None:
+        return path_error(400, RC.SourceImageUrlInvalid, path, reason)
     answer = f"HTTP {status}" if status is not None else "no usable answer"
     return path_error(400, RC.SourceImageUrlInvalid, path, f"the image URL answered with {answer}.")
 

@@ -40,6 +40,9 @@ from .limits import (
     MAX_CHAT_TOOL_COUNT,
     MAX_CHAT_TOOL_NAME_LENGTH,
     MAX_CHAT_TOOL_SPEC_BYTES,
+    MAX_CHAT_WORKER_IDS,
+    MAX_MODEL_NAME_LENGTH,
+    MAX_WORKER_ID_LENGTH,
     MIN_CHAT_MAX_TOKENS,
 )
 from .refusals import source_image_total_error, too_many_images_error
@@ -220,8 +223,8 @@ def parse_horde_options(raw: Any, path: str = "horde") -> ChatHordeOptions:
     """Validate the ``horde`` object (None means every default) into :class:`ChatHordeOptions`.
 
     Raises 400 ``UnsupportedChatParameter`` for an unknown key (``horde.<key>``), ``ChatRequestConflict``
-    for only with ignore, and ``BadRequest`` for a value of the wrong type, an empty only/ignore, a
-    non-positive max_context_length or max_kudos, an unknown context_fit (``ignore`` included),
+    for only with ignore, and ``BadRequest`` for a value of the wrong type, an empty only/ignore or one
+    listing more than MAX_CHAT_WORKER_IDS ids or an id above MAX_WORKER_ID_LENGTH characters, a non-positive max_context_length or max_kudos, an unknown context_fit (``ignore`` included),
     conformance or availability_mode, and an operation_key that is not a UUID. A null value is the default.
     Spec: chat-requests.md *Request body* (the horde table), *Refused keys and values*.
     """
@@ -237,10 +240,16 @@ def parse_horde_options(raw: Any, path: str = "horde") -> ChatHordeOptions:
         ids = raw.get(key)
         if ids is None:
             continue
-        if not isinstance(ids, list) or not all(isinstance(i, str) and i for i in ids):
+        if not isinstance(ids, list) or not all(
+            isinstance(i, str) and 0 < len(i) <= MAX_WORKER_ID_LENGTH for i in ids
+        ):
             raise bad_request(f"{path}.{key}", "has to be an array of worker ids.")
         if not ids:
             raise bad_request(f"{path}.{key}", "has to list at least one worker id.")
+        if len(ids) > MAX_CHAT_WORKER_IDS:
+            raise bad_request(
+                f"{path}.{key}", f"lists {len(ids)} worker ids; at most {MAX_CHAT_WORKER_IDS} are allowed."
+            )
         values[key] = list(ids)
     if values["only"] is not None and values["ignore"] is not None:
         raise conflict(f"{path}.ignore", "cannot be combined with horde.only.")
@@ -343,6 +352,8 @@ def _parse_models(body: dict[str, Any]) -> tuple[list[str], str]:
     if model is not None:
         if not isinstance(model, str) or not model:
             raise bad_request("model", "has to be a non-empty string.")
+        if len(model) > MAX_MODEL_NAME_LENGTH:
+            raise bad_request("model", f"a model name has at most {MAX_MODEL_NAME_LENGTH} characters.")
         return [model], "model"
     if not isinstance(models, list):
         raise bad_request("models", "has to be an array of model names.")
@@ -356,6 +367,10 @@ def _parse_models(body: dict[str, Any]) -> tuple[list[str], str]:
     for index, name in enumerate(models):
         if not isinstance(name, str) or not name:
             raise bad_request(f"models[{index}]", "has to be a non-empty string.")
+        if len(name) > MAX_MODEL_NAME_LENGTH:
+            raise bad_request(
+                f"models[{index}]", f"a model name has at most {MAX_MODEL_NAME_LENGTH} characters."
+            )
         if name in seen:
             raise bad_request(f"models[{index}]", f"lists the model {name!r} twice.")
         seen.add(name)

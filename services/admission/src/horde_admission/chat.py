@@ -23,10 +23,11 @@ from horde_admission.availability import (
     check_models,
     refresh_availability,
 )
-from horde_admission.body import parse_json_object, read_bounded_body
+from horde_admission.body import read_json_object
 from horde_admission.checks import (
     SHARED_KEY_KUDOS_REFUSALS,
     check_concurrency,
+    check_hold_before_images,
     check_shared_key,
     check_workers_exist,
     client_agent,
@@ -46,6 +47,9 @@ log = logging.getLogger(__name__)
 
 router = APIRouter()
 
+#: The largest value of an int32 field of the WorkerPool requests.
+MAX_PROTO_INT32 = 2**31 - 1
+
 NO_WORKER_WARNING = (
     "Warning: No available workers can fulfill this request. It will expire in 20 minutes. "
     "Consider reducing the amount of tokens to generate."
@@ -62,16 +66,28 @@ def _repeated(claim: Any, fingerprint: str) -> JSONResponse:
 
 
 def request_needs(
-    chat: contract.ChatRequest, requester: Requester, max_length: int, context: int
+    chat: contract.ChatRequest,
+    requester: Requester,
+    max_length: int,
+    context: int,
+    kept_images: list[images.ImagePart] | None = None,
 ) -> RequestNeeds:
-    """The GetAvailability request for a chat request at the given budgets."""
+    """The GetAvailability request for a chat request at the given budgets; with ``kept_images`` (the image
+    parts sizing kept), the request as sized: without vision when truncate_oldest dropped every image."""
+    features = list(chat.required_features)
+    has_images = chat.image_count > 0
+    if kept_images is not None:
+        features = images.kept_image_features(features, kept_images)
+        has_images = bool(kept_images)
     return RequestNeeds(
         models=list(chat.models),
-        required_features=list(chat.required_features),
+        required_features=features,
         max_length=max_length,
-        max_context_length=context,
+        # An explicit horde.max_context_length is only checked for its range after sizing (route step 8); the
+        # availability query's field is an int32, and no worker declares a context past it.
+        max_context_length=min(context, MAX_PROTO_INT32),
         tools_temperature=chat.tools_temperature,
-        has_images=chat.image_count > 0,
+        has_images=has_images,
         only_worker_ids=list(chat.horde.only or []),
         ignore_worker_ids=list(chat.horde.ignore or []),
         trusted_workers=chat.horde.trusted_workers,
@@ -95,8 +111,7 @@ async def chat_async(request: Request) -> JSONResponse:
     state = get_state(request)
     settings = state.settings
     await state.limiter.check(request, "chat_async")
-    raw = await read_bounded_body(request, contract.MAX_CHAT_BODY_BYTES, settings.body_read_timeout_seconds)
-    body = parse_json_object(raw)
+    body = await read_json_object(request, settings.body_read_timeout_seconds)
     chat = contract.parse_chat_request(body, defer_length_limits=True)
     horde = chat.horde
     apikey = request.headers.get("apikey")
@@ -159,28 +174,30 @@ async def chat_async(request: Request) -> JSONResponse:
     length_key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     params = contract.validate_chat_text_params(params, length_key=length_key)
 
-    if sized.max_length != chat.max_length or sized.max_context_length != requested_context:
+    # Images in turns truncate_oldest dropped are neither fetched, stored, charged nor required of a worker.
+    parts = images.image_parts(sized.messages)
+    required_features = images.kept_image_features(chat.required_features, parts)
+    if (
+        sized.max_length != chat.max_length
+        or sized.max_context_length != requested_context
+        or len(parts) != chat.image_count
+    ):
         # The sized request can differ from the one availability was measured for.
-        needs = request_needs(chat, requester, sized.max_length, sized.max_context_length)
+        needs = request_needs(chat, requester, sized.max_length, sized.max_context_length, parts)
         availability = await refresh_availability(
             state.worker_pool, needs, availability, settings.availability_timeout_seconds
         )
 
-    tax = horde_tax(settings, chat.image_count)
+    tax = horde_tax(settings, len(parts))
     estimate = kudos.quote_request(
         chat.models, sized.max_length, sized.max_context_length, 1, tax, reference=state.model_reference
     )
     if horde.max_kudos is not None and estimate > horde.max_kudos:
         raise contract.kudos_cap_exceeded_error(estimate, horde.max_kudos)
-    parts = images.image_parts(sized.messages)
-    jpegs = (
-        await images.load_chat_images(
-            parts, trusted=requester.trusted or requester.patron, dry_run=horde.dry_run, fetcher=state.fetcher
-        )
-        if parts
-        else []
-    )
+    trusted_images = requester.trusted or requester.patron
     if horde.dry_run:
+        if parts:  # the data URLs only: a dry run fetches nothing
+            await images.load_chat_images(parts, trusted=trusted_images, dry_run=True, fetcher=state.fetcher)
         return JSONResponse(
             status_code=200,
             content={
@@ -218,6 +235,14 @@ async def chat_async(request: Request) -> JSONResponse:
         if needs_hold
         else 0.0
     )
+    # The images are fetched and decoded only once every other check has passed (spec: Images), the hold
+    # included; the creating transaction checks the hold again under the user's row lock.
+    jpegs: list[bytes] = []
+    if parts:
+        await check_hold_before_images(state, requester, hold, allowance, availability, chat.max_length)
+        jpegs = await images.load_chat_images(
+            parts, trusted=trusted_images, dry_run=False, fetcher=state.fetcher
+        )
     request_uuid = uuid.uuid4()
     # The row holds horde-r2:// references, never image bytes or the submitted URL.
     messages = images.reference_images(sized.messages, parts, request_uuid) if parts else sized.messages
@@ -244,14 +269,14 @@ async def chat_async(request: Request) -> JSONResponse:
         operation_fingerprint=fingerprint,
         context_adjustments=adjustments or None,
         chat_extras=chat.chat_extras,
-        chat_required_features=list(chat.required_features),
+        chat_required_features=required_features,
         chat_conformance=chat.conformance.value,
         chat_tools_temperature=chat.tools_temperature,
         kudos_estimate=float(estimate),
         tax=tax,
         flagged_user=requester.flagged,
         stream_progress=chat.stream,
-        has_images=chat.image_count > 0,
+        has_images=bool(parts),
         ttl_seconds=settings.request_ttl_seconds,
     )
     try:
