@@ -6,13 +6,14 @@ UV := uv
 LINT_TYPED := libs/horde-contract/src libs/horde-core/src libs/horde-store/src libs/horde-testing/src \
 	services/admission/src services/dispatch/src services/submit/src services/janitor/src services/oai-front/src worker/src
 
-.PHONY: help setup run test test-e2e lint proto proto-check bench k8s-check clean
+.PHONY: help setup run test test-e2e test-fuzz lint proto proto-check bench k8s-check clean
 
 help:
 	@echo "make run         start the local stack (embedded stores, 5 services, a reference worker)"
 	@echo "make test        set up and run the whole test suite"
 	@echo "make run-llm     the local stack with a real model (llama.cpp, gemma3-270m) as the worker"
 	@echo "make test-llm    the model tests (compiles llama.cpp on first use, ~7 min)"
+	@echo "make test-fuzz   the long no-5xx run (schemathesis + body fuzz; HORDE_FUZZ_EXAMPLES=500)"
 	@echo "make lint        ruff + mypy;  make proto / proto-check: regenerate / check gRPC code;  make k8s-check"
 	@echo "make bench       run the benchmarks in bench/"
 
@@ -39,6 +40,13 @@ test: setup
 
 test-e2e: setup
 	@$(UV) run --no-sync pytest tests/e2e $(PYTEST_ARGS)
+
+# The long no-5xx run (issue 9 item 6): schemathesis over the four services' OpenAPI documents and the body fuzz
+# of every route, HORDE_FUZZ_EXAMPLES examples per operation (x12 per route for the body fuzz).
+HORDE_FUZZ_EXAMPLES ?= 500
+test-fuzz: setup
+	@HORDE_FUZZ_EXAMPLES=$(HORDE_FUZZ_EXAMPLES) $(UV) run --no-sync pytest tests/e2e/test_no_5xx.py \
+		-o timeout=0 -rA --durations=0 $(PYTEST_ARGS)
 
 lint: setup
 	@$(UV) run --no-sync ruff check .

@@ -59,3 +59,17 @@ def test_strict_rules() -> None:
 
 def test_keywords_of_the_wrong_shape_are_not_subschemas() -> None:
     assert hc.schema_nesting_depth({"anyOf": {"a": {}}, "properties": [{}], "not": [{}]}) == 0
+
+
+def test_a_strict_object_whose_properties_is_no_object_is_refused():
+    schema = {"type": "object", "properties": ["city"], "required": ["city"], "additionalProperties": False}
+    assert hc.strict_schema_violation(schema) == "In context=(), 'properties' is required to be an object."
+    nested = {
+        "type": "object",
+        "properties": {"where": {"type": "object", "properties": "city", "additionalProperties": False}},
+        "required": ["where"],
+        "additionalProperties": False,
+    }
+    assert hc.strict_schema_violation(nested) == (
+        "In context=('properties', 'where'), 'properties' is required to be an object."
+    )

@@ -70,6 +70,12 @@ def test_nested_field_path(refusal: Any) -> None:
             "max_context_length (2048) has to be at least max_length (4096).",
         ),
         (
+            {"max_context_length": None, "max_length": 4096},  # null is the default, not a crash
+            "TokenOverflow",
+            "max_context_length",
+            "max_context_length (2048) has to be at least max_length (4096).",
+        ),
+        (
             {"max_context_length": 100, "max_length": 200},
             "TokenOverflow",
             "max_context_length",
@@ -136,3 +142,7 @@ def test_chat_params_model() -> None:
         model=hc.ChatTextParams,
     )
     assert out == {"frequency_penalty": 1.0, "presence_penalty": 0.0, "seed": 7, "reasoning_effort": "high"}
+
+
+def test_null_limits_are_the_defaults():
+    hc.check_text_params_cross_fields({"max_length": None, "max_context_length": None})

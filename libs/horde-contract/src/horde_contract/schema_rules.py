@@ -101,6 +101,9 @@ def strict_schema_violation(schema: Any) -> str | None:
                     f"In context={path!r}, 'additionalProperties' is required to be supplied and to be false."
                 )
             props = node.get("properties")
+            if props is not None and not isinstance(props, dict):
+                # Not a schema at all: every worker would fail the job until the request faults.
+                return f"In context={path!r}, 'properties' is required to be an object."
             names = list(props) if isinstance(props, dict) else []
             required = node.get("required")
             required_set = (

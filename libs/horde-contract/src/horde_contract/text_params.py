@@ -135,6 +135,10 @@ def parse_text_params(
     except ValidationError as exc:
         raise _validation_error(exc, field_paths) from None
     out = validated.model_dump(exclude_unset=True)
+    # An explicit null of a known param is the param left out (its default), as upstream reads it.
+    for name in model.model_fields:
+        if name in out and out[name] is None:
+            del out[name]
     if isinstance(out.get("reasoning_effort"), ChatReasoningEffort):
         out["reasoning_effort"] = out["reasoning_effort"].value
     check_stop_sequences(out.get("stop_sequence"), (field_paths or {}).get("stop_sequence", "stop_sequence"))
@@ -174,8 +178,11 @@ def check_text_params_cross_fields(params: dict[str, Any], field_paths: dict[str
     Spec: ai-horde-text-path.md §1 *Cross-field checks*.
     """
     paths = field_paths or {}
-    max_length = params.get("max_length", TEXT_DEFAULT_MAX_LENGTH)
-    max_context_length = params.get("max_context_length", TEXT_DEFAULT_MAX_CONTEXT_LENGTH)
+    # An explicit null is the default, as an absent key is (upstream's parser fills both).
+    max_length = params.get("max_length")
+    max_length = TEXT_DEFAULT_MAX_LENGTH if max_length is None else max_length
+    max_context_length = params.get("max_context_length")
+    max_context_length = TEXT_DEFAULT_MAX_CONTEXT_LENGTH if max_context_length is None else max_context_length
     if max_context_length < max_length:
         raise ChatContractError(
             400,

@@ -17,7 +17,7 @@ from horde_store.db import create_pool
 from horde_store.model_reference import load_text_model_reference
 from horde_store.objects import make_s3_client
 
-from horde_admission import chat, models, text
+from horde_admission import chat, models, openapi, text
 from horde_admission.images import ImageFetcher, ImageStore
 from horde_admission.ratelimit import RateLimiter
 from horde_admission.settings import AdmissionSettings
@@ -87,4 +87,5 @@ def create_app(settings: AdmissionSettings | None = None) -> FastAPI:
     include_native(app, chat.router)
     include_native(app, text.router)
     include_native(app, models.router)
+    openapi.install_openapi(app)
     return app

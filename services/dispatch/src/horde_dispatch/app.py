@@ -14,7 +14,7 @@ from horde_core.redis_keys import signal_client
 from horde_store.db import create_pool
 from horde_store.objects import make_s3_client
 
-from . import pop, worker_routes
+from . import openapi, pop, worker_routes
 from .grpc_server import start_worker_pool_server
 from .payload import ObjectStore
 from .settings import DispatchSettings
@@ -68,4 +68,5 @@ def create_app(settings: DispatchSettings | None = None) -> FastAPI:
     app.state.settings = settings
     include_native(app, pop.router)
     include_native(app, worker_routes.router)
+    openapi.install_openapi(app)
     return app

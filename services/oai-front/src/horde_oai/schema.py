@@ -438,13 +438,15 @@ def drop_unknown_nested_keys(body: dict[str, Any]) -> dict[str, Any]:
     if isinstance(messages, list):
         kept_messages = []
         for message in messages:
-            if isinstance(message, dict) and message.get("role") in SUPPORTED_MESSAGE_KEYS:
+            role = message.get("role") if isinstance(message, dict) else None
+            if isinstance(role, str) and role in SUPPORTED_MESSAGE_KEYS:
                 kept = _keep(message, SUPPORTED_MESSAGE_KEYS[message["role"]])
                 content = kept.get("content")
                 if isinstance(content, list):
                     parts = []
                     for part in content:
-                        if isinstance(part, dict) and part.get("type") in PART_KEYS:
+                        kind = part.get("type") if isinstance(part, dict) else None
+                        if isinstance(kind, str) and kind in PART_KEYS:
                             part = _keep(part, PART_KEYS[part["type"]])
                             if part.get("type") == "image_url" and isinstance(part.get("image_url"), dict):
                                 part["image_url"] = _keep(part["image_url"], IMAGE_URL_KEYS)

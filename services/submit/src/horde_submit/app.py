@@ -16,6 +16,7 @@ from horde_store.db import create_pool
 from horde_store.model_reference import load_text_model_reference
 
 from horde_submit.grpc_server import SERVICE_NAME, SettlementServicer, registrar
+from horde_submit.openapi import install_openapi
 from horde_submit.progress import ProgressHandler
 from horde_submit.progress import router as progress_router
 from horde_submit.settings import SubmitSettings
@@ -41,7 +42,13 @@ def create_app(settings: SubmitSettings) -> FastAPI:
             settings.database_url, min_size=settings.db_pool_min_size, max_size=settings.db_pool_max_size
         )
         signal = signal_client(settings.redis_url)
-        app.state.submitter = Submitter(pool=pool, signal=signal, salt=settings.secret_key, models=models)
+        app.state.submitter = Submitter(
+            pool=pool,
+            signal=signal,
+            salt=settings.secret_key,
+            models=models,
+            read_timeout=settings.body_read_timeout_seconds,
+        )
         app.state.progress = ProgressHandler(
             pool=pool,
             signal=signal,
@@ -75,6 +82,9 @@ def create_app(settings: SubmitSettings) -> FastAPI:
             await pool.close()
 
     app = create_base_app("submit", lifespan=lifespan)
+    # The settings the app factory's rate limits (submit and progress per address) read.
+    app.state.settings = settings
     include_native(app, submit_router)
     include_native(app, progress_router)
+    install_openapi(app)
     return app
