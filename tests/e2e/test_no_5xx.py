@@ -538,14 +538,15 @@ SCALARS = (
     | st.floats(allow_nan=True, allow_infinity=True)
     | st.text(ANY_CHARACTER, max_size=20)
 )
-JSON_VALUES = st.recursive(
-    SCALARS,
-    lambda children: (
-        st.lists(children, max_size=4)
-        | st.dictionaries(st.text(ANY_CHARACTER, max_size=12), children, max_size=4)
-    ),
-    max_leaves=16,
-)
+
+
+def _containers(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.lists(children, max_size=4) | st.dictionaries(
+        st.text(ANY_CHARACTER, max_size=12), children, max_size=4
+    )
+
+
+JSON_VALUES = st.recursive(SCALARS, _containers, max_leaves=16)
 EDGE_VALUES: list[Any] = [
     None,
     True,

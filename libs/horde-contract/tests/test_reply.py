@@ -829,3 +829,8 @@ def test_characters_charge_and_storage() -> None:
 def test_verify_other_format_types_pass() -> None:
     text_format = {"response_format": {"type": "text"}}
     assert hc.verify_chat_reply(reply("plain words"), text_format).finish_reason == "stop"
+
+
+def test_a_nul_in_native_finish_reason_is_replaced() -> None:
+    parsed = hc.parse_submit_body(submit(native_finish_reason="eos\x00"))
+    assert isinstance(parsed, hc.ChatSubmit) and parsed.native_finish_reason == "eos\ufffd"

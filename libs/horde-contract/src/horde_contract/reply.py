@@ -218,6 +218,8 @@ def parse_submit_body(body: Any) -> ChatSubmit | TextSubmit:
             "native_finish_reason",
             f"has to be a string of at most {MAX_CHAT_NATIVE_FINISH_REASON_LENGTH} characters.",
         )
+    if isinstance(native, str) and "\x00" in native:
+        native = native.replace("\x00", "\ufffd")  # stored like every submitted string (PostgreSQL has no NUL)
     if state == ChatSubmitState.faulted:
         # The reply of a faulted job is discarded, so it is not checked.
         return ChatSubmit(
