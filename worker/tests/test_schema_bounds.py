@@ -4,10 +4,8 @@ unchecked for the Horde to judge rather than faulted."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import logging
-import threading
 import time
 import urllib.request
 from typing import Any
@@ -29,34 +27,6 @@ def strict_job(schema: dict[str, Any]) -> ChatJob:
         },
     )
 
-
-class _Hits(http.server.BaseHTTPRequestHandler):
-    hits: list[str] = []  # noqa: RUF012
-
-    def do_GET(self) -> None:
-        type(self).hits.append(self.path)
-        body = b'{"type": "integer"}'
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-@pytest.fixture
-def schema_server() -> Any:
-    _Hits.hits = []
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hits)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", _Hits.hits
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.mark.parametrize(

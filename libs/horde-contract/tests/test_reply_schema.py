@@ -3,9 +3,7 @@ schema only, steps, reference expansions and CPU time capped, error messages cut
 
 from __future__ import annotations
 
-import http.server
 import json
-import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -161,34 +159,6 @@ def test_nested_dialect_is_uncompilable() -> None:
 
 # -- references ---------------------------------------------------------------------------------------------
 
-
-class _Hits(http.server.BaseHTTPRequestHandler):
-    hits: list[str] = []  # noqa: RUF012
-
-    def do_GET(self) -> None:
-        type(self).hits.append(self.path)
-        body = json.dumps({"type": "integer"}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-@pytest.fixture
-def schema_server() -> Any:
-    _Hits.hits = []
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hits)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", _Hits.hits
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_remote_file_and_metaschema_references_do_not_resolve(schema_server: Any, monkeypatch: Any) -> None:

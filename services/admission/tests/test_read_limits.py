@@ -5,16 +5,12 @@ by normalised parameters, so no query string makes a request miss it."""
 
 from __future__ import annotations
 
-import socket
 import sys
-import threading
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
-import pytest
 from admission_helpers import add_chat_worker, unique_model
 from horde_admission.models import models_cache_key
 from horde_testing.launcher import ServiceProcess, free_port
@@ -60,35 +56,6 @@ async def test_status_reads_are_limited_per_request_and_address(make_client: Any
     # X-Forwarded-For from an untrusted peer (this in-process client) is the client's claim: ignored
     assert limited(await client.get(path, headers={"X-Forwarded-For": "198.51.100.10"}))
 
-
-@pytest.fixture
-def hung_redis() -> Iterator[str]:
-    """A TCP server that accepts connections and never answers: a hung store."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(64)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        server.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                continue
-            held.append(conn)
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield f"redis://127.0.0.1:{server.getsockname()[1]}/0"
-    finally:
-        stop.set()
-        thread.join(2)
-        for conn in held:
-            conn.close()
-        server.close()
 
 
 async def test_a_hung_redis_lets_the_status_route_answer_in_time(make_client: Any, hung_redis: str) -> None:

@@ -9,10 +9,8 @@ ChatSubmitInvalid with nothing stored.
 from __future__ import annotations
 
 import asyncio
-import http.server
 import json
 import re
-import threading
 import time
 from typing import Any
 
@@ -152,34 +150,6 @@ async def test_a_check_past_its_bound_is_nonconformant_and_the_service_keeps_ans
     gen, _ = await stored(factory, job)
     assert (gen["generation"], gen["chat_refusal_rc"]) == (None, "ChatSubmitNonconformant")
 
-
-class _Hits(http.server.BaseHTTPRequestHandler):
-    hits: list[str] = []  # noqa: RUF012
-
-    def do_GET(self) -> None:
-        type(self).hits.append(self.path)
-        body = b'{"type": "object"}'
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-@pytest.fixture
-def schema_server() -> Any:
-    _Hits.hits = []
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hits)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", _Hits.hits
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.mark.parametrize("ref", ["file:///etc/passwd", "{server}/schema.json"], ids=["file", "http"])

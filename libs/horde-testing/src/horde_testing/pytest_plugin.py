@@ -38,9 +38,12 @@ wiped.
 
 from __future__ import annotations
 
+import http.server
 import itertools
 import os
 import secrets
+import socket
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -197,3 +200,65 @@ def horde_settings_env(database_url: str, redis_url: str, s3_endpoint: S3Endpoin
         **s3_endpoint.env(),
         "HORDE_SECRET_KEY": TEST_SECRET_KEY,
     }
+
+
+class _RecordingSchemaHandler(http.server.BaseHTTPRequestHandler):
+    """Answers every GET with a small JSON schema and records the path it was asked for."""
+
+    hits: list[str] = []  # noqa: RUF012 - replaced per server
+
+    def do_GET(self) -> None:
+        type(self).hits.append(self.path)
+        body = b'{"type": "integer"}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def schema_server() -> Iterator[tuple[str, list[str]]]:
+    """A loopback HTTP server serving a JSON schema at any path: ``(base URL, paths requested)``. Tests that a
+    remote ``$ref`` is never fetched assert the list stays empty."""
+    handler = type("RecordingSchemaHandler", (_RecordingSchemaHandler,), {"hits": []})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", handler.hits
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def hung_redis() -> Iterator[str]:
+    """A Redis URL whose server accepts connections and never answers: a hung store."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            held.append(conn)
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"redis://127.0.0.1:{server.getsockname()[1]}/0"
+    finally:
+        stop.set()
+        thread.join(2)
+        for conn in held:
+            conn.close()
+        server.close()
