@@ -224,11 +224,14 @@ class _RecordingSchemaHandler(http.server.BaseHTTPRequestHandler):
 def schema_server() -> Iterator[tuple[str, list[str]]]:
     """A loopback HTTP server serving a JSON schema at any path: ``(base URL, paths requested)``. Tests that a
     remote ``$ref`` is never fetched assert the list stays empty."""
-    handler = type("RecordingSchemaHandler", (_RecordingSchemaHandler,), {"hits": []})
+    hits: list[str] = []
+    handler: type[_RecordingSchemaHandler] = type(
+        "RecordingSchemaHandler", (_RecordingSchemaHandler,), {"hits": hits}
+    )
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", handler.hits
+        yield f"http://127.0.0.1:{server.server_address[1]}", hits
     finally:
         server.shutdown()
         server.server_close()
