@@ -6,6 +6,11 @@ factory answers 503 ServiceUnavailable) instead of queueing requests behind it f
 (:data:`CONNECT_TIMEOUT_SECONDS`), waiting for a free connection of the pool (:data:`ACQUIRE_TIMEOUT_SECONDS`,
 the default of every ``pool.acquire()`` and of the pool's own ``fetch``/``execute``…) and each command
 (:data:`COMMAND_TIMEOUT_SECONDS`, asyncpg's ``command_timeout``). A caller may pass other values.
+
+A released connection goes back to the pool without asyncpg's reset query (``RESET ALL``, ``UNLISTEN *``,
+``CLOSE ALL``, advisory unlock): no service keeps session state on a pooled connection (no ``SET``, session
+advisory lock, ``LISTEN`` or cursor outside a transaction), and that query was one more round trip on every
+release, several per request (issue 10). asyncpg still rolls back a transaction left open.
 """
 
 from __future__ import annotations
@@ -33,6 +38,10 @@ def normalize_dsn(dsn: str) -> str:
     if scheme == "postgres":
         scheme = "postgresql"
     return f"{scheme}{sep}{rest}" if sep else dsn
+
+
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """The pool's ``reset``: nothing to undo (see the module docstring)."""
 
 
 def _dumps(value: Any) -> str:
@@ -104,6 +113,7 @@ async def create_pool(
         record_class=kwargs.pop("record_class", asyncpg.Record),
         loop=None,
         init=init,
+        reset=kwargs.pop("reset", _keep_session),
         **kwargs,
     )
     await pool
