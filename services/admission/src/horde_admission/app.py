@@ -18,6 +18,7 @@ from horde_store.model_reference import load_text_model_reference
 from horde_store.objects import make_s3_client
 
 from horde_admission import chat, models, openapi, text
+from horde_admission.availability import AvailabilityMemo
 from horde_admission.images import ImageFetcher, ImageStore
 from horde_admission.ratelimit import RateLimiter
 from horde_admission.settings import AdmissionSettings
@@ -63,6 +64,7 @@ def create_app(settings: AdmissionSettings | None = None) -> FastAPI:
             fetcher=fetcher,
             images=ImageStore(make_s3_client(settings), settings.s3_image_bucket, cache),
             model_reference=model_reference,
+            availability_memo=AvailabilityMemo(settings.text_availability_memo_seconds),
         )
 
         async def database() -> object:

@@ -52,10 +52,20 @@ async def count_concurrent(conn: store.Conn, requester: Requester, models: list[
 
 
 async def check_concurrency(
-    state: AdmissionState, requester: Requester, models: list[str], n: int = 1
+    state: AdmissionState,
+    requester: Requester,
+    models: list[str],
+    n: int = 1,
+    conn: store.Conn | None = None,
 ) -> None:
-    """429 TooManyPrompts when the user's queued jobs plus this request's exceed their concurrency."""
-    async with state.pool.acquire() as conn:
+    """429 TooManyPrompts when the user's queued jobs plus this request's exceed their concurrency.
+
+    ``conn``: a connection the caller already holds (one acquire per request); else one from the pool.
+    """
+    if conn is None:
+        async with state.pool.acquire() as own:
+            count = await count_concurrent(own, requester, models)
+    else:
         count = await count_concurrent(conn, requester, models)
     if count + n > requester.concurrency:
         raise too_many_prompts(count + n, requester.concurrency)

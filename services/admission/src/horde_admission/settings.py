@@ -44,6 +44,9 @@ class AdmissionSettings(HordeSettings):
     #: How long a request's availability (is_possible, eligible threads, impossible_reason) is cached for its
     #: status (spec: Impossible reason, 60 seconds). 0 disables the cache.
     availability_cache_seconds: float = 60.0
+    #: How long the legacy text route reuses an availability answer for the same needs (issue 10: it only
+    #: picks the "no available workers" warning and the free allowance's wait). 0 asks dispatch every time.
+    text_availability_memo_seconds: float = 1.0
     #: Timeout of a SettlementService call made by the cancel route.
     settlement_timeout_seconds: float = 5.0
 

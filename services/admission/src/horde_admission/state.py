@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from horde_contract import TextModelReference
     from redis.asyncio import Redis
 
+    from horde_admission.availability import AvailabilityMemo
     from horde_admission.images import ImageFetcher, ImageStore
     from horde_admission.ratelimit import RateLimiter
     from horde_admission.settings import AdmissionSettings
@@ -35,6 +36,8 @@ class AdmissionState:
     images: ImageStore
     #: The text model reference (HORDE_TEXT_MODEL_REFERENCE), loaded once when the app is built.
     model_reference: TextModelReference
+    #: The legacy text route's recent availability answers (HORDE_TEXT_AVAILABILITY_MEMO_SECONDS).
+    availability_memo: AvailabilityMemo
 
 
 def get_state(request: Request) -> AdmissionState:

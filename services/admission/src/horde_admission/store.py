@@ -195,6 +195,11 @@ async def shared_key_available(conn: Conn, user_id: int, key_id: str) -> float |
     return float(row["kudos"]) - float(row["held"])
 
 
+def _reserves(req: NewRequest, hold: float) -> bool:
+    """Whether :func:`reserve` has anything to check: a hold, or a shared key with an amount to cover."""
+    return hold > 0 or bool(req.shared_key_id and max(req.shared_key_amount, hold) > 0)
+
+
 async def reserve(conn: Conn, req: NewRequest, hold: float) -> None:
     """Check that the requester, and the shared key the request is sent with, cover the request, inside the
     creating transaction and before the row, its hold and its tax are written (text path §5).
@@ -205,9 +210,9 @@ async def reserve(conn: Conn, req: NewRequest, hold: float) -> None:
     with its kudos less its requests' holds (:class:`SharedKeyHoldRefused`); the user must cover ``hold`` above
     their floor and active holds (:class:`HoldRefused`). Nothing is locked for a request without a hold or key.
     """
-    key_amount = max(req.shared_key_amount, hold) if req.shared_key_id else 0.0
-    if hold <= 0 and key_amount <= 0:
+    if not _reserves(req, hold):
         return
+    key_amount = max(req.shared_key_amount, hold) if req.shared_key_id else 0.0
     if req.shared_key_id and key_amount > 0:
         await lock_user(conn, req.user_id)
         available = await shared_key_available(conn, req.user_id, req.shared_key_id)
@@ -266,46 +271,51 @@ async def create_request(conn: Conn, req: NewRequest, hold: float, *, active: bo
     if not active:
         req = dataclasses.replace(req, tax=0.0, operation_key=None, shared_key_amount=0.0)
         hold = 0.0
+    args = (
+        req.id,
+        req.user_id,
+        req.is_chat,
+        req.prompt,
+        req.params,
+        req.models,
+        req.max_length,
+        req.n,
+        req.kudos_estimate,
+        req.messages,
+        req.submitted_prompt,
+        req.trusted_workers,
+        req.validated_backends,
+        req.slow_workers,
+        req.worker_ids,
+        req.worker_blacklist,
+        req.shared_key_id,
+        req.client_agent,
+        req.ipaddr,
+        req.operation_key,
+        req.operation_fingerprint,
+        req.context_adjustments,
+        req.chat_extras,
+        req.chat_required_features,
+        req.chat_conformance,
+        req.chat_tools_temperature,
+        req.max_context_length,
+        req.tax,
+        float(req.ttl_seconds),
+        req.flagged_user,
+        hold,
+        req.stream_progress,
+        req.has_images,
+        active,
+    )
     try:
-        async with conn.transaction():
-            await reserve(conn, req, hold)
-            created = await conn.fetchval(
-                _INSERT_REQUEST,
-                req.id,
-                req.user_id,
-                req.is_chat,
-                req.prompt,
-                req.params,
-                req.models,
-                req.max_length,
-                req.n,
-                req.kudos_estimate,
-                req.messages,
-                req.submitted_prompt,
-                req.trusted_workers,
-                req.validated_backends,
-                req.slow_workers,
-                req.worker_ids,
-                req.worker_blacklist,
-                req.shared_key_id,
-                req.client_agent,
-                req.ipaddr,
-                req.operation_key,
-                req.operation_fingerprint,
-                req.context_adjustments,
-                req.chat_extras,
-                req.chat_required_features,
-                req.chat_conformance,
-                req.chat_tools_temperature,
-                req.max_context_length,
-                req.tax,
-                float(req.ttl_seconds),
-                req.flagged_user,
-                hold,
-                req.stream_progress,
-                req.has_images,
-                active,
-            )
+        if _reserves(req, hold):
+            async with conn.transaction():
+                await reserve(conn, req, hold)
+                created = await conn.fetchval(_INSERT_REQUEST, *args)
+        else:
+            # One statement is its own transaction: no BEGIN/COMMIT round trips, and the users row the tax
+            # updates stays locked for one statement only (every request of a user queues on it).
+            created = await conn.fetchval(_INSERT_REQUEST, *args)
     except asyncpg.UniqueViolationError as exc:
         if req.operation_key and "operation_key" in str(exc.constraint_name or exc):
             raise OperationKeyRace() from None

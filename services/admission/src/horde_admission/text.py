@@ -32,7 +32,7 @@ from horde_core.errors import HordeError
 
 from horde_admission import contract, kudos, store
 from horde_admission.auth import Requester, authenticate
-from horde_admission.availability import Availability, RequestNeeds, get_availability
+from horde_admission.availability import Availability, RequestNeeds
 from horde_admission.body import read_json_object
 from horde_admission.chat import NO_WORKER_WARNING
 from horde_admission.checks import (
@@ -146,7 +146,9 @@ async def text_availability(
         requester_user_id=requester.user_id,
     )
     try:
-        return await get_availability(state.worker_pool, needs, state.settings.availability_timeout_seconds)
+        return await state.availability_memo.get(
+            state.worker_pool, needs, state.settings.availability_timeout_seconds
+        )
     except HordeError:
         return None
 
@@ -165,14 +167,14 @@ async def text_async(request: Request) -> JSONResponse:
     settings = state.settings
     await state.limiter.check(request, "text_async")
     values = parse_text_body(await read_json_object(request, settings.body_read_timeout_seconds))
-    async with state.pool.acquire() as conn:
-        requester = await authenticate(conn, request.headers.get("apikey"), settings.secret_key)
-    if not values["prompt"]:
-        raise HordeError(400, "MissingPrompt", "You cannot specify an empty prompt.")
-    await check_workers_exist(state, values["workers"])
     params = values["params"]
     n = int(params.get("n", 1))
-    await check_concurrency(state, requester, values["models"], n)
+    async with state.pool.acquire() as conn:
+        requester = await authenticate(conn, request.headers.get("apikey"), settings.secret_key)
+        if not values["prompt"]:
+            raise HordeError(400, "MissingPrompt", "You cannot specify an empty prompt.")
+        await check_workers_exist(state, values["workers"])
+        await check_concurrency(state, requester, values["models"], n, conn)
 
     max_length = int(params.get("max_length", contract.TEXT_DEFAULT_MAX_LENGTH))
     context = int(params.get("max_context_length", contract.TEXT_DEFAULT_MAX_CONTEXT_LENGTH))
