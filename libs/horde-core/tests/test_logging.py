@@ -1,0 +1,38 @@
+"""configure_logging: JSON lines on stderr, written by the listener thread with extra fields and tracebacks."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+
+import pytest
+from horde_core import logging as horde_logging
+
+
+def test_records_reach_stderr_as_json_with_extra_and_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    stderr = io.StringIO()
+    monkeypatch.setattr("sys.stderr", stderr)
+    root = logging.getLogger()
+    saved_handlers, saved_level = root.handlers[:], root.level
+    try:
+        horde_logging.configure_logging("svc", "INFO", json_output=True)
+        horde_logging.configure_logging("svc", "INFO", json_output=True)  # idempotent: one handler, one thread
+        assert len(root.handlers) == 1
+        log = logging.getLogger("horde.test")
+        log.info("horde.job_submit.done", extra={"generation_id": "g-1", "kudos": 12.5})
+        log.debug("not at INFO")
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            log.warning("failed", exc_info=True)
+        horde_logging._stop_listener()  # flushes what the thread has queued
+    finally:
+        root.handlers[:] = saved_handlers
+        root.setLevel(saved_level)
+    lines = [json.loads(line) for line in stderr.getvalue().splitlines()]
+    assert [line["message"] for line in lines] == ["horde.job_submit.done", "failed"]
+    done, failed = lines
+    assert done["service"] == "svc" and done["level"] == "INFO" and done["name"] == "horde.test"
+    assert done["generation_id"] == "g-1" and done["kudos"] == 12.5
+    assert failed["level"] == "WARNING" and "ValueError: boom" in failed["exc_info"]
