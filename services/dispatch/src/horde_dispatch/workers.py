@@ -30,7 +30,7 @@ from __future__ import annotations
 import ipaddress
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import asyncpg
 from horde_contract import ONLINE_WORKER_SECONDS, RC, ChatDeclaration
@@ -145,6 +145,20 @@ RETURNING w.id, w.user_id, w.name, (w.xmax = 0) AS created_now, w.threads, w.max
 )
 
 
+#: The check-in of a worker whose name exists: the same upsert, inserting nothing for a new name (which goes
+#: through the creation limits instead). No row: a new name, or another owner's (:func:`check_in` tells them
+#: apart). One round trip for the pop of every known worker instead of two (issue 10).
+_CHECK_IN_KNOWN = _CHECK_IN.replace(
+    """VALUES ($1, $2, $3, $4, $5, $6, $7::text[], $8::text[], $9, $10, $11, $12, $13, $14::text[], $15, $16, $17,
+        $18::text[], $19, now(), now())""",
+    """SELECT $1::bigint, $2::text, $3::text, $4::int, $5::int, $6::int, $7::text[], $8::text[], $9::boolean,
+       $10::boolean, $11::text, $12::boolean, $13::boolean, $14::text[], $15::int, $16::int, $17::text,
+       $18::text[], $19::float8, now(), now()
+WHERE EXISTS (SELECT 1 FROM workers WHERE name = $2::text)""",
+)
+assert _CHECK_IN_KNOWN != _CHECK_IN
+
+
 _CREATION_COUNTS = """
 SELECT u.trusted, u.worker_invited,
        (SELECT count(*) FROM workers w WHERE w.user_id = u.id) AS workers,
@@ -198,6 +212,9 @@ async def check_in(conn: Conn, owner_id: int, pop: PopBody, ipaddr: str | None) 
         async with conn.acquire() as acquired:
             return await check_in(acquired, owner_id, pop, ipaddr)
     ipaddr = client_ip(ipaddr)
+    known = await _upsert(conn, owner_id, pop, ipaddr, _CHECK_IN_KNOWN, refuse=False)
+    if known is not None:
+        return known
     if await conn.fetchval("SELECT 1 FROM workers WHERE name = $1", pop.text.name) is not None:
         return await _upsert(conn, owner_id, pop, ipaddr)
     address = counted_address(ipaddr)
@@ -219,12 +236,27 @@ async def check_in(conn: Conn, owner_id: int, pop: PopBody, ipaddr: str | None) 
         return await _upsert(conn, owner_id, pop, ipaddr)
 
 
-async def _upsert(conn: Conn, owner_id: int, pop: PopBody, ipaddr: str | None) -> WorkerRow:
-    """The check-in statement: create the worker or check it in (the name's owner only)."""
+@overload
+async def _upsert(conn: Conn, owner_id: int, pop: PopBody, ipaddr: str | None) -> WorkerRow: ...
+@overload
+async def _upsert(
+    conn: Conn, owner_id: int, pop: PopBody, ipaddr: str | None, statement: str, *, refuse: bool
+) -> WorkerRow | None: ...
+async def _upsert(
+    conn: Conn,
+    owner_id: int,
+    pop: PopBody,
+    ipaddr: str | None,
+    statement: str = _CHECK_IN,
+    *,
+    refuse: bool = True,
+) -> WorkerRow | None:
+    """The check-in statement: create the worker or check it in (the name's owner only). No row is 403
+    WrongCredentials, or None when not ``refuse``."""
     text = pop.text
     d: ChatDeclaration = pop.declaration
     row = await conn.fetchrow(
-        _CHECK_IN,
+        statement,
         owner_id,
         text.name,
         text.bridge_agent,
@@ -246,6 +278,8 @@ async def _upsert(conn: Conn, owner_id: int, pop: PopBody, ipaddr: str | None) -
         d.chat_tools_max_temperature,
     )
     if row is None:
+        if not refuse:
+            return None
         raise HordeError(403, RC.WrongCredentials, WRONG_CREDENTIALS_MESSAGE)
     return WorkerRow(**dict(row))
 
