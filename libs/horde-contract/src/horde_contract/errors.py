@@ -38,6 +38,8 @@ class RC(StrEnum):
     MissingPrompt = "MissingPrompt"
     NulByteInPayload = "NulByteInPayload"
     WorkerNotFound = "WorkerNotFound"
+    # Any native route, past the process's in-flight cap (horde_core.capacity)
+    ServiceAtCapacity = "ServiceAtCapacity"
     OnlyServiceAccountProxy = "OnlyServiceAccountProxy"
     RequiresTrust = "RequiresTrust"
     # Upstream's rc really ends with a dot.

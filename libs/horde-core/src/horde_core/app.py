@@ -20,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from horde_core.capacity import InFlightLimit
 from horde_core.errors import HordeError
 from horde_core.ratelimit import RouteLimitMiddleware
 
@@ -157,6 +158,8 @@ def create_app(
       with each check's result.
     - ``GET /metrics``: the Prometheus text exposition of the default registry.
     - A client that disconnects while its body is read gets 499 and no error log.
+    - With ``horde_errors``, the in-flight cap (:class:`horde_core.capacity.InFlightLimit`,
+      HORDE_MAX_IN_FLIGHT_REQUESTS): 503 ServiceAtCapacity with Retry-After past it.
     - Upstream's rate limits of the read and worker routes (:data:`horde_core.ratelimit.ROUTE_LIMITS`), counted
       before routing once the service has put its settings on ``app.state.settings``.
 
@@ -169,6 +172,9 @@ def create_app(
     app.state.readiness_checks = {}
     app.add_middleware(RouteLimitMiddleware, state=app.state)
     if horde_errors:
+        # Added last, so it runs first: a request past the cap costs no rate-limit round trip. The front has
+        # its own cap, with OpenAI's error shape (horde_oai.capacity).
+        app.add_middleware(InFlightLimit, state=app.state)
         install_horde_error_handlers(app)
 
     @app.exception_handler(ClientDisconnect)

@@ -46,8 +46,12 @@ RETRY_AFTER_HEADER: dict[str, Any] = {
 # Statuses whose refusals may carry Retry-After: rate limits and a store outage.
 RETRY_AFTER_STATUSES = frozenset({"429", "503"})
 
-# A store that refuses or drops connections is answered 503 ServiceUnavailable by every route (horde_core.app).
-STORE_OUTAGE_ERROR = "ServiceUnavailable (a store this service needs is unreachable; retry after Retry-After)"
+# A store that refuses or drops connections is answered 503 ServiceUnavailable by every route (horde_core.app),
+# and a request past the process's in-flight cap 503 ServiceAtCapacity (horde_core.capacity).
+STORE_OUTAGE_ERROR = (
+    "ServiceUnavailable (a store this service needs is unreachable; retry after Retry-After); "
+    "ServiceAtCapacity (the process has too many requests in flight; retry after Retry-After)"
+)
 
 
 def header(name: str, description: str, *, required: bool = False) -> dict[str, Any]:

@@ -75,6 +75,10 @@ class HordeSettings(BaseSettings):
     #: through: a hung or lost store never takes a route down with it.
     rate_limit_timeout_seconds: float = Field(default=0.5, gt=0)
 
+    #: Requests one process works on at once; past it a request is answered 503 ServiceAtCapacity with
+    #: Retry-After at once (horde_core.capacity). 0: no cap. Long-polled pops do not count while they wait.
+    max_in_flight_requests: int = Field(default=256, ge=0)
+
     # Behaviour
     chat_admission_enabled: bool = True
     log_level: str = "INFO"
