@@ -29,7 +29,7 @@ class CountingStub:
         self.stub = worker_pool_pb2_grpc.WorkerPoolServiceStub(self.channel)
         self.calls = 0
 
-    async def GetAvailability(self, request: Any, timeout: float) -> Any:
+    async def GetAvailability(self, request: Any, timeout: float) -> Any:  # noqa: ASYNC109 - the gRPC stub signature
         self.calls += 1
         return await self.stub.GetAvailability(request, timeout=timeout)
 
@@ -97,7 +97,7 @@ async def test_a_failure_is_not_remembered_and_zero_turns_it_off(dispatch: Any) 
         await up.channel.close()
 
 
-async def test_the_oldest_needs_go_first_past_the_bound(dispatch: Any) -> None:
+async def test_the_least_recently_used_needs_go_first_past_the_bound(dispatch: Any) -> None:
     stub = CountingStub(dispatch.target)
     try:
         memo = AvailabilityMemo(60.0, max_entries=2)

@@ -23,6 +23,7 @@ from horde_admission.images import ImageFetcher, ImageStore
 from horde_admission.ratelimit import RateLimiter
 from horde_admission.settings import AdmissionSettings
 from horde_admission.state import AdmissionState
+from horde_admission.status import QueueAheadMemo
 
 SERVICE = "admission"
 
@@ -65,6 +66,7 @@ def create_app(settings: AdmissionSettings | None = None) -> FastAPI:
             images=ImageStore(make_s3_client(settings), settings.s3_image_bucket, cache),
             model_reference=model_reference,
             availability_memo=AvailabilityMemo(settings.text_availability_memo_seconds),
+            queue_ahead_memo=QueueAheadMemo(pool, settings.status_queue_memo_seconds),
         )
 
         async def database() -> object:

@@ -13,11 +13,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import grpc
+from async_lru import alru_cache
 from horde.dispatch.v1 import worker_pool_pb2
 from horde_contract import TextModelReference
 from horde_core.errors import HordeError
@@ -117,47 +117,40 @@ async def get_availability(stub: Any, needs: RequestNeeds, deadline: float) -> A
 _NEEDS_FIELDS = fields(RequestNeeds)
 
 
+def needs_key(needs: RequestNeeds) -> tuple[Any, ...]:
+    """``needs`` as a hashable key (not dataclasses.asdict: it deep-copies, 3 % of the text route's CPU)."""
+    return tuple(
+        tuple(value) if isinstance(value, list) else value
+        for value in (getattr(needs, f.name) for f in _NEEDS_FIELDS)
+    )
+
+
 class AvailabilityMemo:
     """Recent GetAvailability answers by needs, for ``memo_seconds`` (issue 10: the text route asked dispatch
     once per request, about 1 ms of CPU in each process for an answer that changes when workers check in).
 
-    Concurrent lookups of the same needs share one call. At most ``max_entries`` needs are kept (the oldest
-    entry goes first). ``memo_seconds`` 0 turns the memo off. A failed call is not remembered.
+    async-lru's TTL cache: concurrent lookups of the same needs share one call, a failed call is not kept, at
+    most ``max_entries`` needs are kept (least recently used first out). ``memo_seconds`` 0 turns it off.
     """
 
     def __init__(self, memo_seconds: float, max_entries: int = 1024) -> None:
         self.memo_seconds = memo_seconds
-        self.max_entries = max_entries
-        self._entries: dict[tuple[Any, ...], tuple[float, asyncio.Future[Availability]]] = {}
+
+        async def fetch(stub: Any, needs: RequestNeeds, deadline: float) -> Availability:
+            return await get_availability(stub, needs, deadline)
+
+        self._fetch = alru_cache(
+            maxsize=max_entries,
+            ttl=memo_seconds,
+            key=lambda stub, needs, deadline: (id(stub), needs_key(needs)),
+        )(fetch)
 
     async def get(self, stub: Any, needs: RequestNeeds, deadline: float) -> Availability:
         """The memoised answer for ``needs``, or a fresh :func:`get_availability` (503 WorkerPoolUnavailable
         when dispatch does not answer, as there)."""
         if self.memo_seconds <= 0:
             return await get_availability(stub, needs, deadline)
-        # Not dataclasses.asdict: it deep-copies, and was 3 % of the route's CPU.
-        key = tuple(
-            tuple(value) if isinstance(value, list) else value
-            for value in (getattr(needs, f.name) for f in _NEEDS_FIELDS)
-        )
-        now = time.monotonic()
-        entry = self._entries.get(key)
-        if entry is not None and entry[0] > now:
-            return await asyncio.shield(entry[1])
-        future: asyncio.Future[Availability] = asyncio.get_running_loop().create_future()
-        self._entries.pop(key, None)
-        if len(self._entries) >= self.max_entries:
-            del self._entries[next(iter(self._entries))]
-        self._entries[key] = (now + self.memo_seconds, future)
-        try:
-            found = await get_availability(stub, needs, deadline)
-        except BaseException as exc:
-            self._entries.pop(key, None)
-            future.set_exception(exc)
-            future.exception()  # retrieved: a failure nobody else awaited is not logged as lost
-            raise
-        future.set_result(found)
-        return found
+        return await self._fetch(stub, needs, deadline)
 
 
 async def refresh_availability(

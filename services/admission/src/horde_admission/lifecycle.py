@@ -77,11 +77,11 @@ async def read_status_body(state: AdmissionState, request_id: str, is_chat: bool
     rid = parse_request_id(request_id, is_chat)
     async with state.pool.acquire() as conn:
         found = await store.read_status(conn, rid, is_chat)
-        if found is None:
-            raise request_not_found(request_id, is_chat)
-        head, gens = found
-        availability = await request_availability(state, rid, head) if is_chat else None
-        return await build_status(conn, head, gens, is_chat, availability)
+    if found is None:
+        raise request_not_found(request_id, is_chat)
+    head, gens = found
+    availability = await request_availability(state, rid, head) if is_chat else None
+    return await build_status(head, gens, is_chat, availability, state.queue_ahead_memo)
 
 
 async def settle_streamed(state: AdmissionState, generation_ids: list[uuid.UUID]) -> list[uuid.UUID]:

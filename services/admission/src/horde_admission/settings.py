@@ -47,6 +47,9 @@ class AdmissionSettings(HordeSettings):
     #: How long the legacy text route reuses an availability answer for the same needs (issue 10: it only
     #: picks the "no available workers" warning and the free allowance's wait). 0 asks dispatch every time.
     text_availability_memo_seconds: float = 1.0
+    #: How long a status read reuses a request's queue position and the work ahead of it (an estimate that
+    #: costs a count over the queue ahead). 0 reads it every time.
+    status_queue_memo_seconds: float = 1.0
     #: Timeout of a SettlementService call made by the cancel route.
     settlement_timeout_seconds: float = 5.0
 

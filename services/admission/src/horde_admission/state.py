@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from horde_admission.images import ImageFetcher, ImageStore
     from horde_admission.ratelimit import RateLimiter
     from horde_admission.settings import AdmissionSettings
+    from horde_admission.status import QueueAheadMemo
 
 
 @dataclass
@@ -38,6 +39,8 @@ class AdmissionState:
     model_reference: TextModelReference
     #: The legacy text route's recent availability answers (HORDE_TEXT_AVAILABILITY_MEMO_SECONDS).
     availability_memo: AvailabilityMemo
+    #: Each request's queue position and the work ahead, for its status reads (HORDE_STATUS_QUEUE_MEMO_SECONDS).
+    queue_ahead_memo: QueueAheadMemo
 
 
 def get_state(request: Request) -> AdmissionState:

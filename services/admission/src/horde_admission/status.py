@@ -3,14 +3,15 @@ Impossible reason, Context adjustments, Refusal record)."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import asyncpg
+from async_lru import alru_cache
 
 from horde_admission import store
 from horde_admission.availability import Availability
 from horde_admission.kudos import estimated_wait_seconds
-from horde_admission.store import Conn
 
 
 def _uuid(value: Any) -> str | None:
@@ -72,24 +73,54 @@ def text_generation(row: asyncpg.Record) -> dict[str, Any]:
     }
 
 
+class QueueAheadMemo:
+    """Each request's queue position and the work ahead of it (:func:`store.queue_ahead`), kept for
+    ``memo_seconds`` (HORDE_STATUS_QUEUE_MEMO_SECONDS, 1 s).
+
+    Issue 10: that statement counts every queued request ahead, so a status read at the back of a long queue
+    cost PostgreSQL about a millisecond, and clients poll a request's status many times a second between
+    them. The position and wait are estimates; the rest of the status (done, counts, generations) is read
+    fresh every time. async-lru's TTL cache: concurrent reads of one request share one statement, at most
+    ``max_entries`` requests are kept (least recently used first out), a failed read is not kept.
+    """
+
+    def __init__(self, pool: Any, memo_seconds: float, max_entries: int = 10_000) -> None:
+        self.memo_seconds = memo_seconds
+
+        async def read(request_id: uuid.UUID, models: tuple[str, ...]) -> tuple[int, int, int]:
+            async with pool.acquire() as conn:
+                return await store.queue_ahead(conn, request_id, list(models))
+
+        self._read = read
+        self._fetch = alru_cache(maxsize=max_entries, ttl=memo_seconds)(read)
+
+    async def get(self, request_id: uuid.UUID, models: list[str]) -> tuple[int, int, int]:
+        """``(queue_position, tokens, jobs)``, read on a connection of its own (never one a reader holds: ten
+        readers holding the pool's ten connections would wait on each other); every time when the memo is off
+        (``memo_seconds`` 0)."""
+        if self.memo_seconds <= 0:
+            return await self._read(request_id, tuple(models))
+        return await self._fetch(request_id, tuple(models))
+
+
 async def build_status(
-    conn: Conn,
     head: asyncpg.Record,
     gens: list[asyncpg.Record],
     is_chat: bool,
     availability: Availability | None,
+    queue_ahead: QueueAheadMemo,
 ) -> dict[str, Any]:
     """The full status body from the status head and finished generations (:func:`store.read_status`).
 
     ``availability`` is the request's availability (cached up to 60 s); None leaves is_possible true and the
-    chat availability fields null. One more query reads the queue position and the work ahead.
+    chat availability fields null. The queue position and the work ahead come from ``queue_ahead``.
     """
     request_id = head["id"]
     body = counts(head)
     models = list(head["models"] or [])
     queue_position, wait_time = 0, 0
     if int(head["n"]) > 0 and not body["faulted"]:
-        position, tokens, jobs = await store.queue_ahead(conn, request_id, models)
+        position, tokens, jobs = await queue_ahead.get(request_id, models)
         queue_position = position
         if availability is not None:
             wait = estimated_wait_seconds(
