@@ -124,6 +124,11 @@ def _user(row: asyncpg.Record) -> UserRecord:
     return UserRecord(**{k: row[k] for k in UserRecord.__dataclass_fields__})
 
 
+def _authenticated(row: asyncpg.Record, shared_key: SharedKeyInfo | None = None) -> AuthenticatedUser:
+    # Straight from the row: dataclasses.asdict deep-copies, a few percent of an authenticated route's CPU.
+    return AuthenticatedUser(**{k: row[k] for k in UserRecord.__dataclass_fields__}, shared_key=shared_key)
+
+
 def _key(row: asyncpg.Record) -> SharedKeyInfo:
     return SharedKeyInfo(**{k: row[k] for k in SharedKeyInfo.__dataclass_fields__})
 
@@ -156,7 +161,7 @@ async def authenticate(
         return None
     if apikey == ANONYMOUS_API_KEY:
         row = await conn.fetchrow(f"SELECT {_USER_COLUMNS} FROM users WHERE id = $1", ANONYMOUS_USER_ID)
-        return AuthenticatedUser(**asdict(_user(row))) if row else None
+        return _authenticated(row) if row else None
     key_id = _parse_uuid(apikey) if shared_keys else None
     if key_id is not None:
         row = await conn.fetchrow(
@@ -172,11 +177,11 @@ async def authenticate(
         )
         if row is not None:
             shared = SharedKeyInfo(**{f: row["k_" + f] for f in SharedKeyInfo.__dataclass_fields__})
-            return AuthenticatedUser(**asdict(_user(row)), shared_key=shared)
+            return _authenticated(row, shared)
     row = await conn.fetchrow(
         f"SELECT {_USER_COLUMNS} FROM users WHERE api_key_hash = $1", hash_api_key(apikey, salt)
     )
-    return AuthenticatedUser(**asdict(_user(row))) if row else None
+    return _authenticated(row) if row else None
 
 
 async def get_user(
