@@ -9,6 +9,7 @@ import uuid
 
 import httpx
 from horde_contract import CHAT_WORKER_FAULT_MESSAGES
+from horde_core import queue_announce
 from horde_core.chat_stream import (
     StreamEntry,
     StreamLease,
@@ -19,6 +20,7 @@ from horde_core.chat_stream import (
 from horde_core.redis_keys import redis_client, signal_client
 from horde_janitor.sweeper import Janitor
 from horde_testing.launcher import ServiceProcess, free_port
+from horde_testing.signals import Subscriber
 from prometheus_client import REGISTRY
 
 
@@ -91,6 +93,33 @@ async def test_lapsed_lease_is_faulted_through_submit(janitor: Janitor, factory)
     # A second pass finds nothing new to abort.
     await janitor.run_pass()
     assert stale_aborts("false", "true") == before + 1
+
+
+async def test_a_lapsed_lease_announces_the_restarted_job(
+    janitor: Janitor, factory, subscriber_client
+) -> None:
+    """The restart a lapsed lease causes (applied by submit's FaultGeneration) is announced to the waiting pops
+    (README: Long-poll pop), so an idle worker picks the job up at once."""
+    owner = await factory.user(kudos=0)
+    requester = await factory.user()
+    worker = await factory.worker(owner)
+    wp = await factory.request(requester, max_length=256, max_context_length=1024)
+    await factory.generation(wp, worker, owner, started_seconds_ago=151)
+    async with Subscriber(
+        subscriber_client, uuid.uuid4(), channel=queue_announce.QUEUE_ANNOUNCE_CHANNEL
+    ) as sub:
+        await janitor.run_pass()
+        messages = [m for m in await sub.messages(1) if m.get("id") == str(wp)]
+    assert messages == [
+        {
+            "id": str(wp),
+            "models": [factory.model],
+            "is_chat": True,
+            "max_length": 256,
+            "max_context_length": 1024,
+            "n": 1,
+        }
+    ]
 
 
 async def test_lapse_honours_each_generations_job_ttl(janitor: Janitor, factory) -> None:

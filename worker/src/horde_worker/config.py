@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+from horde_contract.limits import MAX_POP_WAIT_SECONDS
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, CliApp, NoDecode, SettingsConfigDict
 
@@ -69,6 +70,15 @@ class WorkerSettings(BaseSettings):
     )
     threads: int = Field(1, ge=1, le=50, description="Concurrent jobs: one pop loop per thread")
     prompt_jobs: bool = Field(True, description="Also accept legacy text (prompt) jobs")
+    pop_wait_seconds: float = Field(
+        10.0,
+        ge=0,
+        le=MAX_POP_WAIT_SECONDS,
+        description=(
+            f"Long-poll: seconds (at most {MAX_POP_WAIT_SECONDS}) dispatch may hold an empty pop until a job "
+            "is queued (the pop's wait_seconds); 0 disables it and backs off 1/2/3 s after empty pops"
+        ),
+    )
     backend: Literal["scripted", "openai", "llamacpp"] = Field("scripted", description="Generator kind")
     backend_url: str = Field(
         "http://127.0.0.1:8080", description="openai backend: server base URL (with or without /v1)"

@@ -1,9 +1,13 @@
 """The worker loop: pop → backend → submit, one loop per thread (issue 4, Build 2; worker-side.md §2, §4).
 
 Each pop sends the upstream fields (ai-horde-text-path.md §3) and the chat declaration (chat-requests.md
-**Chat declaration on pop**). A chat job's reply goes through :func:`horde_worker.replies.build_chat_submit`
-and is submitted structured (**Structured submit**), or faulted with a reason (**Worker fault reasons**); a
-legacy text job is submitted as ``{id, generation, state, seed}``.
+**Chat declaration on pop**), and ``wait_seconds`` (``pop_wait_seconds``, 10 s by default; README: Long-poll
+pop): dispatch holds an empty pop that long and answers as soon as a job is queued, so the loop pops again at
+once after an empty long poll. With ``pop_wait_seconds`` 0, or when the answer came back well before the wait
+(a horde that does not long-poll), empty pops back off 1/2/3 s as koboldcpp's worker does. A chat job's reply
+goes through :func:`horde_worker.replies.build_chat_submit` and is submitted structured (**Structured
+submit**), or faulted with a reason (**Worker fault reasons**); a legacy text job is submitted as
+``{id, generation, state, seed}``.
 
 A chat job carrying the stream hint (and no tools) is generated with the backend's ``stream_chat`` while a
 :class:`horde_worker.progress.ProgressSession` posts its deltas about once a ``progress_interval``
@@ -12,13 +16,15 @@ A chat job carrying the stream hint (and no tools) is generated with the backend
 
 Submit answers: 200 done; 404 and 400 ``AbortedGen``/``DuplicateGen`` drop the job; any other 400 on a chat
 reply faults the job ``reply_refused`` (a text reply: a fault without reason); 429, 5xx and connection
-errors retry with backoff. Shutdown (SIGTERM/SIGINT): stop popping, let held jobs finish for
+errors retry with backoff. Shutdown (SIGTERM/SIGINT): stop popping (a long poll in flight is abandoned:
+dispatch checks that its worker is still connected before it hands out a job), let held jobs finish for
 ``shutdown_grace`` seconds, then fault what is still held; a second signal faults at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -50,6 +56,11 @@ log = logging.getLogger("horde_worker")
 POP_PATH = "/api/v2/generate/text/pop"
 SUBMIT_PATH = "/api/v2/generate/text/submit"
 BRIDGE_NAME = "Horde Chat Worker"
+#: A long poll's HTTP read timeout is its wait plus this (dispatch answers at the wait's end at the latest).
+POP_TIMEOUT_MARGIN_SECONDS = 30.0
+#: After a stop request, a pop in flight may still answer this long before a held long poll is abandoned (an
+#: answer already on its way, a job included, is still taken and run).
+POP_STOP_GRACE_SECONDS = 1.0
 
 
 def api_url(base: str, path: str) -> str:
@@ -210,9 +221,10 @@ class Worker:
     # -- pop -------------------------------------------------------------------------------------------------
 
     def pop_body(self) -> dict[str, Any]:
-        """The pop body: upstream fields plus the chat declaration (sent on every pop)."""
+        """The pop body: upstream fields plus the chat declaration (sent on every pop), and ``wait_seconds``
+        unless ``pop_wait_seconds`` is 0."""
         limits = self.declaration.get("chat_limits", {})
-        return {
+        body: dict[str, Any] = {
             "name": self.settings.name,
             "models": self.models,
             "max_length": limits.get("max_length", self.settings.max_length),
@@ -223,18 +235,46 @@ class Worker:
             "softprompts": [],
             **self.declaration,
         }
+        if self.settings.pop_wait_seconds > 0:
+            body["wait_seconds"] = self.settings.pop_wait_seconds
+        return body
+
+    async def _pop(self, url: str) -> httpx.Response | None:
+        """One pop; None when a stop was requested while a long poll was held and it did not answer within
+        :data:`POP_STOP_GRACE_SECONDS` (the poll is abandoned)."""
+        wait = self.settings.pop_wait_seconds
+        if wait <= 0:
+            return await self.http.post(url, json=self.pop_body())
+        timeout = httpx.Timeout(max(60.0, wait + POP_TIMEOUT_MARGIN_SECONDS), connect=10.0)
+        pop = asyncio.create_task(self.http.post(url, json=self.pop_body(), timeout=timeout))
+        stop = asyncio.create_task(self._stopping.wait())
+        try:
+            await asyncio.wait({pop, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if not pop.done():
+                await asyncio.wait({pop}, timeout=POP_STOP_GRACE_SECONDS)
+        finally:
+            stop.cancel()
+            if not pop.done():
+                pop.cancel()
+                with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError):
+                    await pop
+        return None if pop.cancelled() else pop.result()
 
     async def _pop_loop(self, slot: int) -> None:
         empty = 0
         url = api_url(self.settings.dispatch_url or "", POP_PATH)
+        wait = self.settings.pop_wait_seconds
         while not self._stopping.is_set():
+            started = time.monotonic()
             try:
-                resp = await self.http.post(url, json=self.pop_body())
+                resp = await self._pop(url)
             except httpx.HTTPError as exc:
                 self.metrics.pops.labels("error").inc()
                 log.warning("pop failed (%s): %r", url, exc)
                 await self._sleep(self.timings.connect_error)
                 continue
+            if resp is None:
+                break
             if resp.status_code != 200:
                 self.metrics.pops.labels("error").inc()
                 log.warning("pop answered %d: %s", resp.status_code, resp.text[:300])
@@ -246,6 +286,10 @@ class Worker:
                 data = {}
             if not isinstance(data, dict) or not data.get("id"):
                 self.metrics.pops.labels("empty").inc()
+                if wait > 0 and time.monotonic() - started >= wait / 2:
+                    # The horde held the pop for its wait: nothing to sleep off, pop again at once.
+                    empty = 0
+                    continue
                 empty += 1
                 await self._sleep(empty_pop_delay(empty, self.timings.empty_pop))
                 continue

@@ -123,6 +123,10 @@ UNTRUSTED_TEXT_JOB_LEASE_CAP_SECONDS: Final = 200
 TEXT_JOB_PREPARATION_SECONDS: Final = 30
 UNMEASURED_TEXT_WORKER_TOKENS_PER_SECOND: Final = 10
 
+# Long-poll pop (a Horde Chat extension): the most seconds a pop's ``wait_seconds`` may ask dispatch to hold an
+# empty answer while it waits for a job to be queued.
+MAX_POP_WAIT_SECONDS: Final = 20
+
 # Streaming progress
 CHAT_STREAM_PROGRESS_KEY: Final = "stream_progress"
 CHAT_PROGRESS_LEASE_GRACE_SECONDS: Final = 90

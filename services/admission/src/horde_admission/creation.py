@@ -7,6 +7,8 @@ import dataclasses
 import logging
 import uuid
 
+from horde_core import queue_announce
+
 from horde_admission import contract, kudos, store
 from horde_admission.auth import Requester
 from horde_admission.availability import Availability
@@ -91,6 +93,9 @@ async def create_or_refuse(
     With ``jpegs`` the inactive row is written first, the images are stored under its id (a store failure
     deletes the row: 503 ChatImageStorageUnavailable), then the request is activated; a failed activation
     deletes the row and the images. Raises :class:`store.OperationKeyRace` for a lost operation key race.
+
+    After the commit the new request is announced to the waiting pops (:func:`announce_request`); a dry run
+    or an operation key's replay never gets here, so it announces nothing.
     """
     if new.shared_key_id is not None and not new.shared_key_amount:
         amount = kudos.shared_key_amount(
@@ -117,7 +122,26 @@ async def create_or_refuse(
         raise kudos.kudos_upfront_error(allowance, hold) from None
     outcome = "funded" if hold > 0 else "free"
     record_decision(requester, outcome, requested_length, allowance, chat=new.is_chat)
+    await announce_request(state, request_id, new)
     return request_id
+
+
+async def announce_request(state: AdmissionState, request_id: uuid.UUID, new: store.NewRequest) -> bool:
+    """Announce a newly created active request to the waiting pops (README: Long-poll pop), after its commit.
+
+    Fails open: True when Redis took the announcement; a Redis error or timeout is logged and counted by
+    :func:`horde_core.queue_announce.publish` and the request stands (waiting pops find it on their periodic
+    retry). Every route that creates a request calls this once its creating transaction committed.
+    """
+    message = queue_announce.announcement(
+        request_id,
+        new.models,
+        is_chat=new.is_chat,
+        max_length=new.max_length,
+        max_context_length=new.max_context_length,
+        n=new.n,
+    )
+    return await queue_announce.publish(state.signals, message)
 
 
 async def _create_with_images(

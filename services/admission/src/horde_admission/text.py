@@ -42,7 +42,7 @@ from horde_admission.checks import (
     check_workers_exist,
     client_agent,
 )
-from horde_admission.creation import free_allowance, horde_tax, needs_upfront
+from horde_admission.creation import announce_request, free_allowance, horde_tax, needs_upfront
 from horde_admission.lifecycle import cancel_and_report, read_status_body
 from horde_admission.sizing import size_bucket
 from horde_admission.state import AdmissionState, get_state
@@ -255,12 +255,11 @@ async def text_async(request: Request) -> JSONResponse:
         )
 
     outcome = "funded" if hold > 0 else "free"
+    created = new_request(max_length, values["slow_workers"])
     try:
         try:
             async with state.pool.acquire() as conn:
-                request_id = await store.create_request(
-                    conn, new_request(max_length, values["slow_workers"]), hold
-                )
+                request_id = await store.create_request(conn, created, hold)
         except store.SharedKeyHoldRefused:
             raise
         except store.HoldRefused:
@@ -269,15 +268,15 @@ async def text_async(request: Request) -> JSONResponse:
                 raise kudos.kudos_upfront_error(allowance, hold) from None
             # Downgrade: lowered to the allowance with slow workers allowed, which needs no hold.
             outcome = "downgraded"
+            created = new_request(min(max_length, allowance), True)
             async with state.pool.acquire() as conn:
-                request_id = await store.create_request(
-                    conn, new_request(min(max_length, allowance), True), 0.0
-                )
+                request_id = await store.create_request(conn, created, 0.0)
     except store.SharedKeyHoldRefused as refused:
         # The key cannot cover it (a parallel request used its kudos since check_shared_key): no downgrade.
         kudos.FREE_ALLOWANCE_DECISIONS.labels(requester.kind, "refused", *buckets, "false").inc()
         raise kudos.shared_key_insufficient_error(refused.available, refused.amount) from None
     kudos.FREE_ALLOWANCE_DECISIONS.labels(requester.kind, outcome, *buckets, "false").inc()
+    await announce_request(state, request_id, created)
     body: dict[str, Any] = {"id": str(request_id), "kudos": estimate}
     if availability is not None and availability.eligible_workers == 0:
         body["message"] = NO_WORKER_WARNING

@@ -1,5 +1,6 @@
-"""The dispatch app factory: the pool, Redis (stream leases), the object store, the WorkerPool gRPC server
-and the native routes (ARCHITECTURE.md: dispatch)."""
+"""The dispatch app factory: the pool, Redis (stream leases, queue announcements), the object store, the
+long-poll registry and its subscriber, the WorkerPool gRPC server and the native routes (ARCHITECTURE.md:
+dispatch)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from horde_store.objects import make_s3_client
 
 from . import openapi, pop, worker_routes
 from .grpc_server import start_worker_pool_server
+from .longpoll import AnnouncementSubscriber, LongPoll, on_shutdown_signal
 from .payload import ObjectStore
 from .settings import DispatchSettings
 from .state import DispatchState
@@ -28,9 +30,11 @@ log = logging.getLogger(__name__)
 def create_app(settings: DispatchSettings | None = None) -> FastAPI:
     """Build the dispatch app.
 
-    The lifespan opens the asyncpg pool, a Redis client on the chat signal database and an S3 client, and
-    starts the WorkerPool gRPC server on ``settings.dispatch_grpc_port`` unless ``dispatch_grpc_enabled``
-    is false; readiness checks ping PostgreSQL and Redis.
+    The lifespan opens the asyncpg pool, a Redis client on the chat signal database and an S3 client, starts
+    the queue announcement subscriber of the long-poll pop and the WorkerPool gRPC server on
+    ``settings.dispatch_grpc_port`` unless ``dispatch_grpc_enabled`` is false; readiness checks ping
+    PostgreSQL and Redis. Waiting pops are released (answered empty) at SIGTERM/SIGINT, before uvicorn drains
+    connections, and at the latest when the lifespan ends.
     """
     settings = settings or DispatchSettings()
 
@@ -41,8 +45,19 @@ def create_app(settings: DispatchSettings | None = None) -> FastAPI:
         )
         signals = signal_client(settings.redis_url)
         objects = ObjectStore(make_s3_client(settings), settings.s3_image_bucket, settings.messages_bucket)
-        state = DispatchState(settings=settings, pool=pool, signals=signals, objects=objects)
+        longpoll = LongPoll(settings.pop_wait_recheck_seconds)
+        subscriber = AnnouncementSubscriber(signals, longpoll)
+        state = DispatchState(
+            settings=settings,
+            pool=pool,
+            signals=signals,
+            objects=objects,
+            longpoll=longpoll,
+            announcements=subscriber,
+        )
         app.state.dispatch = state
+        subscriber.start()
+        remove_signal_hook = on_shutdown_signal(longpoll.close)
         grpc_server = None
         try:
             if settings.dispatch_grpc_enabled:
@@ -59,6 +74,9 @@ def create_app(settings: DispatchSettings | None = None) -> FastAPI:
             app.state.readiness_checks.update({"database": database, "redis": redis_ping})
             yield
         finally:
+            remove_signal_hook()
+            longpoll.close()
+            await subscriber.stop()
             if grpc_server is not None:
                 await grpc_server.stop(settings.shutdown_grace_seconds)
             await signals.aclose()

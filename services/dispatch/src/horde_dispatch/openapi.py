@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import FastAPI
+from horde_contract.limits import MAX_POP_WAIT_SECONDS
 from horde_contract.vocab import KNOWN_CHAT_FEATURES, ChatImageTransport
 from horde_core.openapi import (
     WORKER_APIKEY_HEADER,
@@ -108,7 +109,8 @@ def answer_schemas() -> dict[str, Any]:
             "description": (
                 "With a job: `{payload, id, ids, model, ttl, skipped: {}}` plus `chat: true` for a chat job, "
                 "`ttl` being the job lease in seconds. Without one: `{id: null, ids: [], skipped: {reason: "
-                "count}}`."
+                "count}}` (after `wait_seconds` when the pop sent it; `skipped` is empty when dispatch shut "
+                "down meanwhile)."
             ),
             "properties": {
                 "id": nullable(text),
@@ -148,7 +150,10 @@ def operations() -> list[NativeOperation]:
             summary="Check a worker in and pop a text or chat job",
             description=(
                 "Create or check in the named worker with its models, limits and chat declaration, and hand it "
-                "the first queued job it may take."
+                "the first queued job it may take. With `wait_seconds` (a Horde Chat extension, 0 to "
+                f"{MAX_POP_WAIT_SECONDS}, default 0) an empty pop is held up to that many seconds and answered "
+                "as soon as a job the worker may take is queued; the empty answer comes when the time is up. "
+                "A worker in maintenance gets its 403 at once."
             ),
             body="PopRequest",
             headers=(WORKER_APIKEY_HEADER,),

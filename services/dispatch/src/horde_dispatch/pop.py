@@ -6,10 +6,16 @@ Spec: chat-requests.md *Chat declaration on pop*, *Eligibility*, *Chat job pop r
 
 Round trips: authentication, the check-in upsert, the pop statement; an empty pop adds the ``skipped``
 count. Nothing reads the object store or Redis before the pop statement has committed.
+
+Long-poll (``wait_seconds`` > 0, README: Long-poll pop): when the first pop statement finds nothing, the
+route gives its connection back and waits in :mod:`horde_dispatch.longpoll`; each retry runs the pop
+statement alone, on a freshly acquired connection, with the owner, worker row and :class:`PopWorker` of the
+first attempt (the check-in is not repeated). ``skipped`` is counted once, when the time is up.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Annotated, Any
 
@@ -19,12 +25,14 @@ from horde_contract import (
     TRUSTED_TEXT_JOB_LEASE_CAP_SECONDS,
     UNTRUSTED_TEXT_JOB_LEASE_CAP_SECONDS,
 )
+from horde_core.capacity import leave_in_flight
 from horde_core.chat_stream import StreamLease, write_stream_leases
 from horde_core.errors import HordeError
 from horde_store import users
 
 from .auth import authenticate_worker_owner
 from .lease import effective_speed, lease_capacity, record_capacity_limit
+from .longpoll import WaitOutcome
 from .metrics import GATE_SHADOW_ASSIGNMENTS, QUEUE_WAIT_SECONDS, requester_kind, size_bucket
 from .payload import chat_job_payload, text_job_payload
 from .pop_body import PopBody, parse_pop_body, read_pop_body
@@ -115,6 +123,13 @@ async def pop_text_job(
     200 with a job: ``{payload, id, ids, model, ttl, skipped: {}}`` plus ``chat: true`` for a chat job, ``ttl``
     being the job lease in seconds (HORDE_TEXT_JOB_LEASE_SECONDS, 150 by default; spec: *Job lease*);
     without one: ``{id: null, ids: [], skipped: {reason: count}}``.
+
+    Long-poll (a Horde Chat extension): ``wait_seconds`` (a number, 0 to 20, default 0) holds an empty pop up
+    to that many seconds (at most HORDE_POP_WAIT_MAX_SECONDS); the answer comes as soon as a job this worker
+    may take is queued (or re-queued), and the empty answer when the time is up (``skipped`` counted then) or
+    when dispatch shuts down (``skipped`` empty). A worker in maintenance gets its 403 at once. No database
+    connection is held while waiting, and a waiting pop does not count toward HORDE_MAX_IN_FLIGHT_REQUESTS.
+
     Errors: 400 BadRequest / InvalidPriorityUsername / ChatDeclarationInvalid; 401 InvalidAPIKey;
     403 AnonForbiddenWorker, DeletedUser, WorkerFlaggedMaintenance, WrongCredentials (the name belongs to
     another user), WorkerMaintenance (a worker in maintenance with none of its owner's requests queued).
@@ -122,6 +137,11 @@ async def pop_text_job(
     pop = parse_pop_body(await read_pop_body(request, state.settings.body_read_timeout_seconds))
     settings = state.settings
     ipaddr = request.client.host if request.client else None
+    wait = min(pop.wait_seconds, settings.pop_wait_max_seconds)
+    longpoll = state.longpoll if wait > 0 else None
+    deadline = asyncio.get_running_loop().time() + wait
+    # Announcements routed from here on are caught up by the wait (longpoll.LongPoll._catch_up).
+    since = longpoll.sequence if longpoll is not None else 0
     # One connection for the whole pop: a request queues for the pool once, not once per statement.
     async with state.pool.acquire() as conn:
         owner = await authenticate_worker_owner(conn, apikey, settings.secret_key)
@@ -133,7 +153,28 @@ async def pop_text_job(
                 raise HordeError(
                     403, RC.WorkerMaintenance, worker.maintenance_msg or DEFAULT_MAINTENANCE_MESSAGE
                 )
-            skipped = await count_skipped(conn, pw, settings.pop_skipped_scan_limit)
+            if longpoll is None or longpoll.closed:
+                skipped = await count_skipped(conn, pw, settings.pop_skipped_scan_limit)
+                return {"id": None, "ids": [], "skipped": skipped}
+    if job is None:
+        # The connection went back to the pool above: a waiting pop holds none, and it no longer counts toward
+        # the in-flight cap (idle workers waiting for a job never use it up).
+        assert longpoll is not None
+        leave_in_flight(request.scope)
+
+        async def pop_again() -> PoppedJob | None:
+            async with state.pool.acquire() as conn:
+                return await pop_job(conn, pw)
+
+        job, outcome = await longpoll.wait(
+            pw, since=since, deadline=deadline, pop=pop_again, gone=request.is_disconnected
+        )
+        if job is None:
+            if outcome is not WaitOutcome.timeout:
+                # Shutting down, or nobody listens any more: no queue scan for an answer nobody needs.
+                return {"id": None, "ids": [], "skipped": {}}
+            async with state.pool.acquire() as conn:
+                skipped = await count_skipped(conn, pw, settings.pop_skipped_scan_limit)
             return {"id": None, "ids": [], "skipped": skipped}
 
     speed = effective_speed(worker.speed)

@@ -13,9 +13,19 @@ from typing import Annotated, Any
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from horde_contract import RC, ChatContractError, ChatDeclaration, parse_chat_declaration
+from horde_contract.limits import MAX_POP_WAIT_SECONDS
 from horde_core import body as body_reader
 from horde_core.errors import HordeError
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+)
 
 #: Upstream keeps at most this many models of one pop (TextWorker.parse_models).
 MAX_WORKER_MODELS = 200
@@ -38,6 +48,8 @@ class TextPopBody(BaseModel):
     """The text fields of a pop. Lengths are in tokens; unknown keys are ignored, as upstream.
 
     ``nsfw``, ``require_upfront_kudos`` and ``extra_slow_worker`` are accepted and not applied to text.
+    ``wait_seconds`` (a Horde Chat extension, 0 to MAX_POP_WAIT_SECONDS = 20, default 0) is how long an empty
+    pop may wait for a job to be queued (README: Long-poll pop).
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -56,6 +68,18 @@ class TextPopBody(BaseModel):
     nsfw: StrictBool | None = None
     require_upfront_kudos: StrictBool | None = None
     extra_slow_worker: StrictBool | None = None
+    wait_seconds: Annotated[
+        StrictFloat,
+        Field(
+            ge=0,
+            le=MAX_POP_WAIT_SECONDS,
+            description=(
+                "A Horde Chat extension: when no job is queued for this worker, hold the pop up to this many "
+                f"seconds (at most {MAX_POP_WAIT_SECONDS}) and answer as soon as a job it may take is queued; "
+                "0 (the default) answers at once. An empty answer comes when the time is up."
+            ),
+        ),
+    ] = 0.0
 
 
 class PopBody:
@@ -73,6 +97,11 @@ class PopBody:
     def models(self) -> list[str]:
         """The pop's models, deduplicated in order and capped at 200."""
         return list(dict.fromkeys(self.text.models))[:MAX_WORKER_MODELS]
+
+    @property
+    def wait_seconds(self) -> float:
+        """How long an empty pop may wait for a job, in seconds (0: answer at once)."""
+        return self.text.wait_seconds
 
     @property
     def bridge_name(self) -> str:
@@ -119,11 +148,11 @@ def parse_pop_body(raw: Any) -> PopBody:
     """Validate a pop body.
 
     Errors: 400 BadRequest for a field of the wrong type or out of range (the message names the field,
-    e.g. ``threads``), for an empty ``models`` (upstream's "unrecognised models" message) and for a name
-    containing colab, tpu or google; 400 InvalidPriorityUsername for a priority entry without ``#id`` (ASCII
-    digits; an id past the largest user id names nobody and is dropped); 400 ChatDeclarationInvalid for an
-    invalid chat declaration, chat_limits lengths past :data:`MAX_STORED_LENGTH` included (as the text
-    lengths, 400 BadRequest).
+    e.g. ``threads``; ``wait_seconds`` must be a number from 0 to 20), for an empty ``models`` (upstream's
+    "unrecognised models" message) and for a name containing colab, tpu or google; 400
+    InvalidPriorityUsername for a priority entry without ``#id`` (ASCII digits; an id past the largest user id
+    names nobody and is dropped); 400 ChatDeclarationInvalid for an invalid chat declaration, chat_limits
+    lengths past :data:`MAX_STORED_LENGTH` included (as the text lengths, 400 BadRequest).
     """
     if not isinstance(raw, dict):
         raise HordeError(400, RC.BadRequest, "Input payload validation failed: body: has to be a JSON object")

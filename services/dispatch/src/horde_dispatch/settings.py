@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from horde_contract.limits import MAX_POP_WAIT_SECONDS
 from horde_core.settings import HordeSettings
 from pydantic import Field
 
@@ -11,7 +12,14 @@ class DispatchSettings(HordeSettings):
 
     ``dispatch_grpc_enabled`` lets a test or a pop-only replica run without the WorkerPool gRPC server.
     ``pop_skipped_scan_limit`` bounds how many queued requests an empty pop inspects to count ``skipped``.
+    ``pop_wait_recheck_seconds`` (HORDE_POP_WAIT_RECHECK_SECONDS, 3 s): a long-polling pop retries the queue
+    at least this often (±20 %) even when no announcement woke it, the safety net for announcements lost
+    while Redis was unreachable and for jobs no announcement names (README: Long-poll pop).
+    ``pop_wait_max_seconds`` (HORDE_POP_WAIT_MAX_SECONDS, 20 s): the longest this process holds a pop, whatever
+    its ``wait_seconds`` asks (0 turns long polls off); lower it below the idle timeout of a proxy in front.
     """
 
     dispatch_grpc_enabled: bool = True
     pop_skipped_scan_limit: int = Field(default=500, ge=0)
+    pop_wait_recheck_seconds: float = Field(default=3.0, gt=0)
+    pop_wait_max_seconds: float = Field(default=MAX_POP_WAIT_SECONDS, ge=0, le=MAX_POP_WAIT_SECONDS)

@@ -8,6 +8,7 @@ from typing import Any
 import asyncpg
 from fastapi import Request
 
+from .longpoll import AnnouncementSubscriber, LongPoll
 from .payload import ObjectStore
 from .settings import DispatchSettings
 
@@ -15,15 +16,20 @@ from .settings import DispatchSettings
 @dataclass
 class DispatchState:
     """``pool`` (PostgreSQL), ``signals`` (Redis on the chat signal db, for stream leases; None when Redis is
-    not configured) and ``objects`` (S3 for chat images and offloaded messages)."""
+    not configured), ``objects`` (S3 for chat images and offloaded messages), ``longpoll`` (the waiting
+    pops and their wake-ups; None: every pop answers at once, as with ``wait_seconds`` 0) and
+    ``announcements`` (the subscriber feeding it)."""
 
     settings: DispatchSettings
     pool: asyncpg.Pool
     signals: Any | None
     objects: ObjectStore | None
+    longpoll: LongPoll | None = None
+    announcements: AnnouncementSubscriber | None = None
 
 
-def get_state(request: Request) -> DispatchState:
-    """The app's :class:`DispatchState` (a FastAPI dependency)."""
+async def get_state(request: Request) -> DispatchState:
+    """The app's :class:`DispatchState` (a FastAPI dependency; async, since FastAPI runs a plain ``def``
+    dependency in its thread pool, a thread hop on every pop)."""
     state: DispatchState = request.app.state.dispatch
     return state

@@ -449,6 +449,12 @@ class FaultResult:
     generations: int = 0
     fault_reason: str | None = None
     fault_rc: str | None = None
+    #: The job went back to the queue (``n += 1``: the request was neither cancelled nor faulted, the
+    #: generation not a fake one, and this fault did not fault the request); its request's models and
+    #: context length (tokens) go into the queue announcement.
+    restarted: bool = False
+    models: tuple[str, ...] = ()
+    max_context_length: int = 0
 
 
 _FAULT_SQL = """
@@ -460,7 +466,8 @@ WITH g AS (
     UPDATE waiting_prompts w
        SET n = w.n + CASE WHEN w.cancelled OR w.faulted OR g.fake THEN 0 ELSE 1 END
       FROM g WHERE w.id = g.wp_id
-    RETURNING w.id, w.is_chat, w.stream_progress, w.max_length
+    RETURNING w.id, w.is_chat, w.stream_progress, w.max_length, w.models, w.max_context_length,
+              NOT (w.cancelled OR w.faulted OR g.fake) AS restarted
 ), worker AS (
     UPDATE workers w
        SET nonconformant_replies = w.nonconformant_replies
@@ -490,7 +497,7 @@ WITH g AS (
     RETURNING w.user_id
 )
 SELECT g.wp_id, g.fake, g.over_capacity_at_assignment, wp.is_chat, wp.stream_progress, wp.max_length,
-       COALESCE(u.trusted, false) AS worker_trusted
+       wp.models, wp.max_context_length, wp.restarted, COALESCE(u.trusted, false) AS worker_trusted
   FROM g JOIN wp ON wp.id = g.wp_id
   LEFT JOIN worker ON true
   LEFT JOIN users u ON u.id = worker.user_id
@@ -550,6 +557,9 @@ async def fault_and_restart(conn: Conn, generation_id: uuid.UUID) -> FaultResult
         generations=int(after["finished"] or 0),
         fault_reason=after["fault_reason"],
         fault_rc=after["fault_rc"],
+        restarted=bool(row["restarted"]) and not bool(after["request_faulted"]),
+        models=tuple(row["models"] or ()),
+        max_context_length=int(row["max_context_length"] or 0),
     )
 
 
