@@ -97,3 +97,33 @@ async def test_zero_means_no_cap() -> None:
         await until_in_flight(20)
         release.set()
         assert {r.status_code for r in await asyncio.gather(*held)} == {200}
+
+
+@pytest.mark.asyncio
+async def test_a_client_trickling_its_body_holds_no_place() -> None:
+    app = create_app("test")
+    app.state.settings = HordeSettings(max_in_flight_requests=1, rate_limits_enabled=False)
+    router = APIRouter()
+
+    @router.post("/v2/echo")
+    async def echo(request: Request) -> dict[str, int]:
+        return {"bytes": len(await request.body())}
+
+    include_native(app, router)
+    more = asyncio.Event()
+
+    async def trickle():  # type: ignore[no-untyped-def]
+        yield b"x" * 10
+        await more.wait()
+        yield b"y" * 5
+
+    async with client(app) as c:
+        slow = asyncio.create_task(c.post("/api/v2/echo", content=trickle()))
+        await asyncio.sleep(0.05)
+        await until_in_flight(0)
+        fast = await c.post("/api/v2/echo", content=b"abc")
+        assert fast.status_code == 200 and fast.json() == {"bytes": 3}
+        more.set()
+        done = await slow
+        assert done.status_code == 200 and done.json() == {"bytes": 15}
+        await until_in_flight(0)

@@ -7,7 +7,8 @@ client is told to come back (``x-should-retry: true``; another replica may take 
 ``/readyz`` and ``/metrics`` are never counted or refused.
 
 A request that waits without working (a long-polled pop) gives its place back with :func:`leave_in_flight`,
-so idle workers waiting for a job never use up the cap.
+so idle workers waiting for a job never use up the cap; and no request counts while it waits on its client
+(its body arriving, a disconnect watch), so clients that trickle their bodies cannot fill the cap.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 from horde_contract import RC
 from prometheus_client import Counter, Gauge
 from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 CAPACITY_RETRY_AFTER_SECONDS = 1
 CAPACITY_MESSAGE = "This service has too many requests in flight right now; retry shortly."
@@ -63,20 +64,41 @@ class InFlightLimit:
             )
             await response(scope, receive, send)
             return
-        # One event loop per process: the counter needs no lock.
-        counted = True
+        # One event loop per process: the counters need no lock.
+        counted = False
+        done = False
 
-        def leave() -> None:
+        def enter() -> None:
+            nonlocal counted
+            if not counted and not done:
+                counted = True
+                self.in_flight += 1
+                IN_FLIGHT.inc()
+
+        def pause() -> None:
             nonlocal counted
             if counted:
                 counted = False
                 self.in_flight -= 1
                 IN_FLIGHT.dec()
 
-        self.in_flight += 1
-        IN_FLIGHT.inc()
+        def leave() -> None:
+            nonlocal done
+            pause()
+            done = True
+
+        async def counted_receive() -> Message:
+            # Waiting on the client (a slow body, a disconnect watch) is not work: a client trickling its body
+            # must not hold a place of the cap for the body read timeout.
+            pause()
+            try:
+                return await receive()
+            finally:
+                enter()
+
+        enter()
         scope[_LEAVE] = leave
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, counted_receive, send)
         finally:
             leave()
