@@ -12,10 +12,11 @@ DEMO_KEY=$(key .local/demo-user.json)
 if [ "${HORDE_WORKER_BACKEND:-scripted}" = llamacpp ]; then MODEL=${HORDE_WORKER_MODEL_ID:-gemma-3-270m}
 else MODEL=${HORDE_WORKER_MODELS:-scripted/echo}; MODEL=${MODEL%%,*}; fi
 printf 'export HORDE_WORKER_API_KEY=%s\n' "$(key .local/worker-user.json)" > .local/worker.env
-touch .local/ready
 for port in 7101 7102 7103 7104 7002; do
   for _ in $(seq 1 300); do curl -fsS "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && break; sleep 0.2; done
 done
+# The worker starts on this file: after the services answer, so its first pop does not fail to connect.
+touch .local/ready
 cat <<MSG
 
   Horde Chat is up.
