@@ -57,3 +57,18 @@ def test_a_priority_id_of_non_ascii_digits_is_invalid_priority_username(entry: s
         parse_pop_body({**CHAT_POP, "priority_usernames": [entry]})
     assert (caught.value.status, caught.value.rc) == (400, "InvalidPriorityUsername")
     assert caught.value.message == f"Priority usernames need to be in the form alias#id. '{entry}' is not."
+
+
+def test_at_most_max_pop_priority_usernames_of_at_most_100_characters() -> None:
+    from horde_contract.limits import MAX_POP_PRIORITY_USERNAMES
+
+    many = [f"u#{i}" for i in range(MAX_POP_PRIORITY_USERNAMES)]
+    assert len(parse_pop_body({**CHAT_POP, "priority_usernames": many}).priority_user_ids) == 100
+    with pytest.raises(RequestValidationError) as caught:
+        parse_pop_body({**CHAT_POP, "priority_usernames": [*many, "u#100"]})
+    (error,) = caught.value.errors()
+    assert error["loc"] == ("priority_usernames",) and error["type"] == "too_long"
+    with pytest.raises(RequestValidationError) as caught:
+        parse_pop_body({**CHAT_POP, "priority_usernames": ["a" * 96 + "#1234"]})
+    (error,) = caught.value.errors()
+    assert error["loc"] == ("priority_usernames", 0) and error["type"] == "string_too_long"

@@ -81,6 +81,15 @@ async def test_priority_usernames_need_an_id(h: Harness) -> None:
     assert r.json()["rc"] == "InvalidPriorityUsername"
 
 
+async def test_too_many_priority_usernames_are_400_and_nothing_is_stored(h: Harness) -> None:
+    _, key = await h.user()
+    r = await h.pop(key, h.chat_body("w-prio-many", priority_usernames=[f"u#{i}" for i in range(101)]))
+    assert r.status_code == 400
+    assert r.json()["rc"] == "BadRequest"
+    assert r.json()["message"].startswith("Input payload validation failed: priority_usernames: ")
+    assert await h.db.fetchval("SELECT count(*) FROM workers WHERE name = 'w-prio-many'") == 0
+
+
 @pytest.mark.parametrize(
     ("change", "param"),
     [

@@ -626,7 +626,7 @@ async def start_registry_waiters(
         tasks.append(
             asyncio.create_task(
                 longpoll.wait(
-                    pop_worker(),
+                    pop_worker(owner_id=1 + i),  # one owner each: an owner's waiters use one hand-off
                     since=longpoll.sequence,
                     deadline=loop.time() + wait,
                     pop=recorder.pop_for(i),
@@ -786,3 +786,111 @@ async def test_waiting_pops_do_not_use_up_the_in_flight_cap(
             r = await pop("w-cap-now", 0)
             assert r.status_code == 200, r.text
             assert all(r.status_code == 200 for r in await asyncio.gather(*tasks))
+
+
+# -- a hostile worker (issue 10's hostile review) ------------------------------------------------------------
+
+
+async def test_a_worker_put_in_maintenance_while_waiting_gets_the_403_not_another_users_job(
+    h: Harness, publisher: redis.Redis
+) -> None:
+    await subscribed(h)
+    requester, _ = await h.user()
+    _, key = await h.user()
+    (task,) = await start_waiters(h, [(key, h.chat_body("w-maint-late", wait_seconds=5))])
+    await h.set_worker("w-maint-late", maintenance=True)
+    wp = await h.request(user_id=requester)
+    await announce(publisher, wp)
+    r = await task
+    assert r.status_code == 403
+    assert r.json() == {"message": pop_module.DEFAULT_MAINTENANCE_MESSAGE, "rc": "WorkerMaintenance"}
+    assert await h.db.fetchval("SELECT count(*) FROM processing_gens WHERE wp_id = $1", wp) == 0
+    assert await h.db.fetchval("SELECT n FROM waiting_prompts WHERE id = $1", wp) == 1
+
+
+async def test_an_owner_flagged_while_waiting_gets_the_403_and_no_job(
+    h: Harness, publisher: redis.Redis
+) -> None:
+    await subscribed(h)
+    requester, _ = await h.user()
+    owner_id, key = await h.user()
+    (task,) = await start_waiters(h, [(key, h.chat_body("w-flag-late", wait_seconds=5))])
+    await h.db.execute("UPDATE users SET flagged = true WHERE id = $1", owner_id)
+    wp = await h.request(user_id=requester)
+    await announce(publisher, wp)
+    r = await task
+    assert (r.status_code, r.json()["rc"]) == (403, "WorkerFlaggedMaintenance")
+    assert await h.db.fetchval("SELECT count(*) FROM processing_gens WHERE wp_id = $1", wp) == 0
+
+
+async def test_trust_revoked_while_waiting_keeps_trusted_only_jobs_away(
+    h: Harness, publisher: redis.Redis
+) -> None:
+    await subscribed(h)
+    requester, _ = await h.user()
+    owner_id, key = await h.user(trusted=True)
+    (task,) = await start_waiters(h, [(key, h.chat_body("w-trust-late", wait_seconds=1))])
+    await h.db.execute("UPDATE users SET trusted = false WHERE id = $1", owner_id)
+    wp = await h.request(user_id=requester, trusted_workers=True)
+    await announce(publisher, wp)
+    r = await task
+    assert r.status_code == 200 and r.json()["id"] is None
+    assert await h.db.fetchval("SELECT count(*) FROM processing_gens WHERE wp_id = $1", wp) == 0
+
+
+async def test_a_worker_waits_with_at_most_its_threads_pops(h: Harness) -> None:
+    longpoll = longpoll_of(h)
+    _, key = await h.user()
+    body = h.chat_body("w-threads-2", wait_seconds=5, threads=2)
+    waiting = await start_waiters(h, [(key, body), (key, body)])
+    assert longpoll.waiting_for(await h.db.fetchval("SELECT id FROM workers WHERE name = 'w-threads-2'")) == 2
+    started = time.monotonic()
+    third = await h.pop(key, body)
+    assert time.monotonic() - started < 2.0  # answered at once, not held
+    assert third.status_code == 200 and third.json()["id"] is None and "skipped" in third.json()
+    assert longpoll.waiting_for(await h.db.fetchval("SELECT id FROM workers WHERE name = 'w-threads-2'")) == 2
+    longpoll.close()
+    for r in await asyncio.gather(*waiting):
+        assert r.status_code == 200 and r.json()["id"] is None
+    longpoll.closed = False
+
+
+async def test_each_owners_waiters_at_the_head_use_one_hand_off(h: Harness, publisher: redis.Redis) -> None:
+    await subscribed(h)
+    requester, _ = await h.user()
+    _, one = await h.user()
+    _, other = await h.user()
+    _, trusted = await h.user(trusted=True)
+    # Six untrusted waiters of two owners ahead: more than the first wake and its 4 hand-offs.
+    pops = [
+        (key, h.chat_body(f"w-head-{n}-{i}", wait_seconds=5))
+        for n, key in enumerate((one, other))
+        for i in range(3)
+    ]
+    pops.append((trusted, h.chat_body("w-trusted-tail", wait_seconds=5)))
+    tasks = await start_waiters(h, pops)
+    wp = await h.request(user_id=requester, trusted_workers=True)
+    started = time.monotonic()
+    await announce(publisher, wp)
+    got = await tasks[-1]
+    assert time.monotonic() - started < 2.0  # woken by the hand-off, not at the 30 s recheck
+    assert got.status_code == 200 and got.json()["ids"]
+    assert (
+        await h.db.fetchval(
+            "SELECT w.name FROM processing_gens p JOIN workers w ON w.id = p.worker_id WHERE p.wp_id = $1", wp
+        )
+        == "w-trusted-tail"
+    )
+    longpoll_of(h).close()
+    for r in await asyncio.gather(*tasks[:-1]):
+        assert r.status_code == 200 and r.json()["id"] is None
+    longpoll_of(h).closed = False
+
+
+def test_rechecks_are_spread_to_a_per_process_budget() -> None:
+    longpoll = lp.LongPoll(recheck_seconds=3)
+    assert 3 * 0.8 <= longpoll._recheck_interval() <= 3 * 1.2
+    for _ in range(400):
+        longpoll._waiters[lp.Waiter(pop_worker())] = None
+    # 400 waiters at most MAX_RECHECKS_PER_SECOND (20) rechecks a second: 20 s apart each, give or take 20 %
+    assert 20 * 0.8 <= longpoll._recheck_interval() <= 20 * 1.2

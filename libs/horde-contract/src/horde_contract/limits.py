@@ -126,6 +126,9 @@ UNMEASURED_TEXT_WORKER_TOKENS_PER_SECOND: Final = 10
 # Long-poll pop (a Horde Chat extension): the most seconds a pop's ``wait_seconds`` may ask dispatch to hold an
 # empty answer while it waits for a job to be queued.
 MAX_POP_WAIT_SECONDS: Final = 20
+# The most ``priority_usernames`` a pop may list (each "alias#id", at most 100 characters): a waiting pop keeps
+# them, and every retry sends them to PostgreSQL (upstream has no bound; its workers list a handful).
+MAX_POP_PRIORITY_USERNAMES: Final = 100
 
 # Streaming progress
 CHAT_STREAM_PROGRESS_KEY: Final = "stream_progress"
@@ -228,6 +231,7 @@ __all__ = [
     "MAX_JSON_BODY_DEPTH",
     "MAX_MODEL_NAME_LENGTH",
     "MAX_POP_BODY_BYTES",
+    "MAX_POP_PRIORITY_USERNAMES",
     "MAX_POP_BODY_ELEMENTS",
     "MAX_PROGRESS_BODY_BYTES",
     "MAX_PROGRESS_BODY_ELEMENTS",

@@ -3,6 +3,8 @@
 Records are handed to a :class:`logging.handlers.QueueListener` thread that formats and writes them, so a log
 line never makes the event loop wait on a full stderr pipe (a slow log collector, or honcho under load), and
 its JSON formatting runs off the request path (issue 10: one INFO line per submit was a tenth of submit's CPU).
+The backlog is bounded (:data:`LOG_BACKLOG_RECORDS`): while stderr is stalled, records past it are dropped and
+counted (``horde_log_records_dropped_total``), so a flood of log lines cannot grow the process's memory.
 """
 
 from __future__ import annotations
@@ -12,8 +14,19 @@ import logging
 import logging.handlers
 import queue
 import sys
+from typing import Any
 
+from prometheus_client import Counter
 from pythonjsonlogger.json import JsonFormatter
+
+#: Records waiting for the writer thread at most; past it a record is dropped (and counted).
+LOG_BACKLOG_RECORDS = 10_000
+DROPPED = Counter(
+    "horde_log_records_dropped_total", "Log records dropped because the writer's backlog was full"
+)
+
+#: How long stopping waits for room for its sentinel in a full backlog.
+STOP_WAIT_SECONDS = 2.0
 
 _listener: logging.handlers.QueueListener | None = None
 
@@ -25,11 +38,37 @@ class _RecordQueueHandler(logging.handlers.QueueHandler):
     def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
         return record
 
+    def enqueue(self, record: logging.LogRecord) -> None:
+        try:
+            self.queue.put_nowait(record)
+        except queue.Full:
+            DROPPED.inc()
+
+
+class _Listener(logging.handlers.QueueListener):
+    """Stops without hanging on a stalled stderr: the stop sentinel waits for room in the full backlog at most
+    :data:`STOP_WAIT_SECONDS`; past that the (daemon) writer thread is left behind."""
+
+    def __init__(self, records: queue.Queue[Any], handler: logging.Handler) -> None:
+        super().__init__(records, handler, respect_handler_level=True)
+        self.records = records
+
+    def stop(self) -> None:
+        if self._thread is None:
+            return
+        try:
+            self.records.put(None, timeout=STOP_WAIT_SECONDS)  # None is the listener's sentinel
+        except queue.Full:
+            self._thread = None
+            return
+        self._thread.join()  # writes what is still queued
+        self._thread = None
+
 
 def _stop_listener() -> None:
     global _listener
     if _listener is not None:
-        _listener.stop()  # writes what is still queued
+        _listener.stop()
         _listener = None
 
 
@@ -52,8 +91,8 @@ def configure_logging(service: str, level: str = "INFO", json_output: bool = Tru
         )
     else:
         handler.setFormatter(logging.Formatter(f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s"))
-    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
-    _listener = logging.handlers.QueueListener(records, handler, respect_handler_level=True)
+    records: queue.Queue[logging.LogRecord] = queue.Queue(maxsize=LOG_BACKLOG_RECORDS)
+    _listener = _Listener(records, handler)
     _listener.start()
     root = logging.getLogger()
     root.handlers[:] = [_RecordQueueHandler(records)]

@@ -17,6 +17,22 @@ def invalid_api_key() -> HordeError:
     )
 
 
+def owner_refusal(anonymous: bool, deleted: bool, flagged: bool) -> HordeError | None:
+    """The 403 an owner's worker gets on pop, or None: AnonForbiddenWorker, DeletedUser, then
+    WorkerFlaggedMaintenance (a flagged owner). Checked at authentication and before each retry of a long poll."""
+    if anonymous:
+        return HordeError(403, RC.AnonForbiddenWorker, "Anonymous user is forbidden from running a worker.")
+    if deleted:
+        return HordeError(403, RC.DeletedUser, "This user has been deleted.")
+    if flagged:
+        return HordeError(
+            403,
+            RC.WorkerFlaggedMaintenance,
+            "Your account has been flagged, so your workers are in maintenance. Please contact the horde moderators.",
+        )
+    return None
+
+
 async def authenticate_worker_owner(conn: Conn, apikey: str | None, salt: str) -> users.AuthenticatedUser:
     """The user a worker pops as.
 
@@ -29,14 +45,7 @@ async def authenticate_worker_owner(conn: Conn, apikey: str | None, salt: str) -
     user = await users.authenticate(conn, apikey, salt, shared_keys=False)
     if user is None:
         raise invalid_api_key()
-    if user.is_anonymous:
-        raise HordeError(403, RC.AnonForbiddenWorker, "Anonymous user is forbidden from running a worker.")
-    if user.deleted:
-        raise HordeError(403, RC.DeletedUser, "This user has been deleted.")
-    if user.flagged:
-        raise HordeError(
-            403,
-            RC.WorkerFlaggedMaintenance,
-            "Your account has been flagged, so your workers are in maintenance. Please contact the horde moderators.",
-        )
+    refusal = owner_refusal(user.is_anonymous, user.deleted, user.flagged)
+    if refusal is not None:
+        raise refusal
     return user

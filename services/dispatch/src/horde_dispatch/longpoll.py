@@ -40,7 +40,8 @@ import logging
 import random
 import signal
 import threading
-from collections import deque
+import uuid
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from enum import StrEnum
 from typing import Any
@@ -64,6 +65,8 @@ HANDOFF_LIMIT = 4
 #: Announcements kept to catch up a pop that registers after its first attempt (a pop whose first attempt saw
 #: more than this many go by retries at once).
 RECENT_ANNOUNCEMENTS = 256
+#: The most safety-net rechecks (queue scans) the waiters of one process run per second, however many wait.
+MAX_RECHECKS_PER_SECOND = 20
 #: The recheck interval varies by this fraction either way, so waiters that started together do not retry
 #: together.
 RECHECK_JITTER = 0.2
@@ -111,7 +114,7 @@ def plausible(pw: PopWorker, a: Announcement) -> bool:
 class _Wake:
     """One announcement on its way through this process's waiters (``announcement`` None: a broadcast)."""
 
-    __slots__ = ("announcement", "cause", "handoffs_left", "remaining", "tried")
+    __slots__ = ("announcement", "cause", "handoffs_left", "remaining", "tried", "tried_owners")
 
     def __init__(self, announcement: Announcement | None, cause: str, handoffs: int) -> None:
         self.announcement = announcement
@@ -120,6 +123,9 @@ class _Wake:
         #: Generations of the announced request no waiter of this process has taken yet.
         self.remaining = announcement.n if announcement is not None else 0
         self.tried: set[Waiter] = set()
+        #: Owners one of whose waiters tried this announcement and found nothing: their other waiters would
+        #: not either (same trust, same owner), so one owner's many waiters cannot use up every hand-off.
+        self.tried_owners: set[int] = set()
 
 
 class Waiter:
@@ -161,6 +167,7 @@ class LongPoll:
         self.closed = False
         # Insertion order is FIFO order.
         self._waiters: dict[Waiter, None] = {}
+        self._by_worker: Counter[uuid.UUID] = Counter()
         self._sequence = 0
         self._recent: deque[tuple[int, Announcement | None]] = deque(maxlen=RECENT_ANNOUNCEMENTS)
 
@@ -174,6 +181,10 @@ class LongPoll:
     def waiting(self) -> int:
         """How many pops are waiting now."""
         return len(self._waiters)
+
+    def waiting_for(self, worker_id: uuid.UUID) -> int:
+        """How many pops of this worker are waiting now (a pop route lets at most its ``threads`` wait)."""
+        return self._by_worker[worker_id]
 
     # -- wakes -----------------------------------------------------------------------------------------------
 
@@ -206,7 +217,12 @@ class LongPoll:
             for w in self._waiters:
                 if chosen >= count:
                     return chosen
-                if w.tier == tier and w not in wake.tried and plausible(w.pw, wake.announcement):
+                if (
+                    w.tier == tier
+                    and w not in wake.tried
+                    and w.pw.owner_id not in wake.tried_owners
+                    and plausible(w.pw, wake.announcement)
+                ):
                     w.give(wake)
                     chosen += 1
         return chosen
@@ -236,7 +252,10 @@ class LongPoll:
             w.event.set()
 
     def _recheck_interval(self) -> float:
-        return self.recheck_seconds * random.uniform(1 - RECHECK_JITTER, 1 + RECHECK_JITTER)
+        # Idle waiters' rechecks are a queue scan each: spread them so the process runs at most
+        # MAX_RECHECKS_PER_SECOND of them however many pops wait (announcements still wake them at once).
+        base = max(self.recheck_seconds, len(self._waiters) / MAX_RECHECKS_PER_SECOND)
+        return base * random.uniform(1 - RECHECK_JITTER, 1 + RECHECK_JITTER)
 
     # -- waiting ---------------------------------------------------------------------------------------------
 
@@ -262,6 +281,7 @@ class LongPoll:
         loop = asyncio.get_running_loop()
         w = Waiter(pw)
         self._waiters[w] = None
+        self._by_worker[pw.worker_id] += 1
         LONGPOLL_WAITING.inc()
         self._catch_up(w, since)
         outcome = WaitOutcome.timeout
@@ -320,10 +340,14 @@ class LongPoll:
                     return job, outcome
                 handed = False
                 for k in wakes:
+                    k.tried_owners.add(w.pw.owner_id)
                     handed = self._hand_on(k, tried=True) or handed
                 LONGPOLL_WAKES.labels(cause, "handed_on" if handed else "empty").inc()
         finally:
             del self._waiters[w]
+            self._by_worker[pw.worker_id] -= 1
+            if self._by_worker[pw.worker_id] <= 0:
+                del self._by_worker[pw.worker_id]
             LONGPOLL_WAITING.dec()
             for k in w.wakes:
                 self._hand_on(k, tried=False)

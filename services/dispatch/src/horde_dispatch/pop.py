@@ -16,6 +16,7 @@ first attempt (the check-in is not repeated). ``skipped`` is counted once, when 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from typing import Annotated, Any
 
@@ -30,7 +31,7 @@ from horde_core.chat_stream import StreamLease, write_stream_leases
 from horde_core.errors import HordeError
 from horde_store import users
 
-from .auth import authenticate_worker_owner
+from .auth import authenticate_worker_owner, owner_refusal
 from .lease import effective_speed, lease_capacity, record_capacity_limit
 from .longpoll import WaitOutcome
 from .metrics import GATE_SHADOW_ASSIGNMENTS, QUEUE_WAIT_SECONDS, requester_kind, size_bucket
@@ -38,13 +39,19 @@ from .payload import chat_job_payload, text_job_payload
 from .pop_body import PopBody, parse_pop_body, read_pop_body
 from .queue import SLOW_WORKER_SPEED, PoppedJob, PopWorker, count_skipped, pop_job
 from .state import DispatchState, get_state
-from .workers import WorkerRow, check_in, is_validated_bridge
+from .workers import WRONG_CREDENTIALS_MESSAGE, WorkerRow, check_in, is_validated_bridge
 
 log = logging.getLogger(__name__)
 
 router = APIRouter(tags=["workers"])
 
 DEFAULT_MAINTENANCE_MESSAGE = "This worker has been put into maintenance mode by its owner."
+
+#: What a long poll re-reads before each retry (its worker's and owner's flags).
+_WAITER_STATE = """
+SELECT w.maintenance, w.maintenance_msg, w.paused, u.trusted, u.flagged, u.deleted
+FROM workers w JOIN users u ON u.id = w.user_id WHERE w.id = $1
+"""
 
 
 def _record_assignment(job: PoppedJob, worker: PopWorker, capacity: int, speed: float) -> None:
@@ -153,7 +160,8 @@ async def pop_text_job(
                 raise HordeError(
                     403, RC.WorkerMaintenance, worker.maintenance_msg or DEFAULT_MAINTENANCE_MESSAGE
                 )
-            if longpoll is None or longpoll.closed:
+            # A worker waits with at most its threads' pops at once: more would only multiply rechecks.
+            if longpoll is None or longpoll.closed or longpoll.waiting_for(worker.id) >= max(1, worker.threads):
                 skipped = await count_skipped(conn, pw, settings.pop_skipped_scan_limit)
                 return {"id": None, "ids": [], "skipped": skipped}
     if job is None:
@@ -163,8 +171,31 @@ async def pop_text_job(
         leave_in_flight(request.scope)
 
         async def pop_again() -> PoppedJob | None:
+            # The worker and its owner as they are now: put in maintenance, paused, flagged, deleted or no
+            # longer trusted while it waited, it gets what a fresh pop would (the 403, or the narrower queue).
+            nonlocal pw
             async with state.pool.acquire() as conn:
-                return await pop_job(conn, pw)
+                now = await conn.fetchrow(_WAITER_STATE, worker.id)
+                if now is None:
+                    raise HordeError(403, RC.WrongCredentials, WRONG_CREDENTIALS_MESSAGE)
+                refusal = owner_refusal(False, now["deleted"], now["flagged"])
+                if refusal is not None:
+                    raise refusal
+                pw = dataclasses.replace(
+                    pw,
+                    maintenance=now["maintenance"],
+                    paused=now["paused"],
+                    trusted=now["trusted"],
+                    lease_cap=TRUSTED_TEXT_JOB_LEASE_CAP_SECONDS
+                    if now["trusted"]
+                    else UNTRUSTED_TEXT_JOB_LEASE_CAP_SECONDS,
+                )
+                found = await pop_job(conn, pw)
+            if found is None and now["maintenance"]:
+                raise HordeError(
+                    403, RC.WorkerMaintenance, now["maintenance_msg"] or DEFAULT_MAINTENANCE_MESSAGE
+                )
+            return found
 
         job, outcome = await longpoll.wait(
             pw, since=since, deadline=deadline, pop=pop_again, gone=request.is_disconnected

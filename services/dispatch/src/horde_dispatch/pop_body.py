@@ -13,7 +13,7 @@ from typing import Annotated, Any
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from horde_contract import RC, ChatContractError, ChatDeclaration, parse_chat_declaration
-from horde_contract.limits import MAX_POP_WAIT_SECONDS
+from horde_contract.limits import MAX_POP_PRIORITY_USERNAMES, MAX_POP_WAIT_SECONDS
 from horde_core import body as body_reader
 from horde_core.errors import HordeError
 from pydantic import (
@@ -64,7 +64,9 @@ class TextPopBody(BaseModel):
     bridge_agent: Annotated[StrictStr, Field(max_length=1000)] = DEFAULT_BRIDGE_AGENT
     threads: Annotated[StrictInt, Field(ge=1, le=50)] = 1
     amount: Annotated[StrictInt, Field(ge=1, le=20)] = 1
-    priority_usernames: list[StrictStr] = Field(default_factory=list)
+    priority_usernames: Annotated[
+        list[Annotated[StrictStr, Field(max_length=100)]], Field(max_length=MAX_POP_PRIORITY_USERNAMES)
+    ] = Field(default_factory=list)
     nsfw: StrictBool | None = None
     require_upfront_kudos: StrictBool | None = None
     extra_slow_worker: StrictBool | None = None
