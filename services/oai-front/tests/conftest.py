@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 
 import pytest
 from horde_testing.launcher import ServiceProcess, free_port
@@ -16,6 +17,18 @@ class FrontProcess(ServiceProcess):
 
     def log(self) -> str:
         return self.log_text()
+
+    def wait_log(self, found: Callable[[str], bool] | str, timeout: float = 10.0) -> str:
+        """The log once ``found`` (a substring, or a test of the whole log) holds, or as it is after ``timeout``
+        seconds: the front writes its log lines from a writer thread (horde_core.logging), so a line may reach
+        the file a moment after the response that it describes."""
+        test = (lambda text: found in text) if isinstance(found, str) else found
+        deadline = time.monotonic() + timeout
+        text = self.log()
+        while not test(text) and time.monotonic() < deadline:
+            time.sleep(0.02)
+            text = self.log()
+        return text
 
 
 def start_front(env: Mapping[str, str], *, wait: bool = True) -> FrontProcess:

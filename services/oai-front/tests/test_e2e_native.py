@@ -195,9 +195,12 @@ def in_thread(fn: Any) -> tuple[threading.Thread, dict[str, Any]]:
 
 
 def finished_line(front: FrontProcess, code: str) -> str:
-    lines = [line for line in front.log().splitlines() if " finished: " in line and f"code={code}" in line]
-    assert lines, front.log()[-3000:]
-    return lines[-1]
+    def lines(text: str) -> list[str]:
+        return [line for line in text.splitlines() if " finished: " in line and f"code={code}" in line]
+
+    log = front.wait_log(lambda text: bool(lines(text)))
+    assert lines(log), log[-3000:]
+    return lines(log)[-1]
 
 
 def native_status(stack: Stack, request_id: str) -> dict[str, Any]:

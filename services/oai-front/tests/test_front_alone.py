@@ -33,7 +33,8 @@ def test_unknown_parameter_is_400_with_param(lone_front):
         "param": "top_k",
         "code": "UnsupportedChatParameter",
     }
-    assert "Refused unsupported chat parameter: path='top_k' label=top_k" in lone_front.log()
+    line = "Refused unsupported chat parameter: path='top_k' label=top_k"
+    assert line in lone_front.wait_log(line)
 
 
 def test_out_of_range_temperature(lone_front):

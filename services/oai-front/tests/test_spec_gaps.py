@@ -210,10 +210,10 @@ def test_schema_underscore_is_an_unknown_key_at_its_own_path(lone_front, json_sc
             "code": "UnsupportedChatParameter",
         }
     }
-    assert (
+    line = (
         "Refused unsupported chat parameter: path='response_format.json_schema.schema_' label=response_format"
-        in lone_front.log()
     )
+    assert line in lone_front.wait_log(line)
 
 
 def test_the_schema_key_is_still_required():
@@ -481,10 +481,12 @@ def test_an_unknown_model_is_404_unknown_chat_model_end_to_end(stack):  # noqa: 
     )
     assert "e2e/gaps-nobody" in body["message"]
     assert set(body) == {"message", "type", "param", "code"}
-    line = [
-        ln for ln in stack.front.log().splitlines() if "code=UnknownChatModel" in ln and " finished: " in ln
-    ]
-    assert line, stack.front.log()[-2000:]
+
+    def finished(text: str) -> list[str]:
+        return [ln for ln in text.splitlines() if "code=UnknownChatModel" in ln and " finished: " in ln]
+
+    log = stack.front.wait_log(lambda text: bool(finished(text)))
+    assert finished(log), log[-2000:]
 
 
 # --- 6. the article of the role message -------------------------------------------------------------------------------

@@ -5,6 +5,13 @@ subscribe, then check the status once). Each message wakes the request's waiter 
 Pub/sub reaches subscribers on any logical database, so the hub only needs the host. When Redis fails the
 hub reconnects, resubscribes every channel and wakes every waiter, which re-read their status; waiters
 re-read the status every ``signal_recheck_seconds`` anyway, so a lost message only delays them.
+
+The connection stays subscribed to the hub's own channel (:attr:`SignalHub.hub_channel`, on which nobody
+publishes) for the life of the process, so the reader always blocks on the socket and hands a message over
+the moment it arrives, whether or not a request waits; a request's SUBSCRIBE goes out on a live connection
+after any quiet spell. (The reader used to stop reading while no channel was subscribed and poll every 50 ms
+for the next subscription; a request that subscribed while the previous one's UNSUBSCRIBE was in flight then
+woke up to 50 ms late.)
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import uuid
 from typing import Any
 
 import redis.asyncio as redis
@@ -21,6 +29,14 @@ from horde_core.redis_keys import chat_signal_channel
 log = logging.getLogger(__name__)
 
 RECONNECT_SECONDS = 1.0
+# The longest one read of the pub/sub connection blocks; a message ends it at once.
+READ_TIMEOUT_SECONDS = 5.0
+# The hub's own channel: ``horde:oai:hub:<random>``, one per process.
+HUB_CHANNEL_PREFIX = "horde:oai:hub:"
+# CLIENT SETNAME of the hub's connections (with ``:<token>`` of the hub), so CLIENT LIST tells them apart.
+CLIENT_NAME = "horde-oai-signals"
+# How long start() waits for the first connection (the reader keeps trying after it).
+START_WAIT_SECONDS = 2.0
 
 
 class Subscription:
@@ -44,20 +60,38 @@ class SignalHub:
 
     def __init__(self, url: str | None) -> None:
         self.url = url
-        self._client: redis.Redis | None = redis.from_url(url, decode_responses=True) if url else None
+        token = uuid.uuid4().hex
+        # Keeps the connection subscribed while no request waits (nobody publishes on it).
+        self.hub_channel = f"{HUB_CHANNEL_PREFIX}{token}"
+        self.client_name = f"{CLIENT_NAME}:{token[:12]}"
+        self._client: redis.Redis | None = (
+            redis.from_url(url, decode_responses=True, client_name=self.client_name) if url else None
+        )
         self._pubsub: Any = None
         self._subs: dict[str, set[Subscription]] = {}
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
-        self._have_channels = asyncio.Event()
+        self.connects = 0  # pub/sub connections opened (the first one included)
+        self._connected = asyncio.Event()
 
     @property
     def enabled(self) -> bool:
         return self._client is not None
 
-    async def start(self) -> None:
+    async def start(self, wait_seconds: float = START_WAIT_SECONDS) -> None:
+        """Start the reader, which opens the connection and subscribes, retrying every
+        :data:`RECONNECT_SECONDS` while Redis is down. Returns once connected, or after ``wait_seconds``."""
         if self._client is not None and self._task is None:
             self._task = asyncio.create_task(self._reader(), name="horde-oai-signal-reader")
+            await self.wait_connected(wait_seconds)
+
+    async def wait_connected(self, seconds: float) -> bool:
+        """True once the pub/sub connection is up and subscribed; False after ``seconds`` without."""
+        try:
+            await asyncio.wait_for(self._connected.wait(), seconds)
+        except TimeoutError:
+            return False
+        return True
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -68,6 +102,7 @@ class SignalHub:
         if self._pubsub is not None:
             with contextlib.suppress(Exception):
                 await self._pubsub.aclose()
+            self._pubsub = None
         if self._client is not None:
             with contextlib.suppress(Exception):
                 await self._client.aclose()
@@ -86,14 +121,13 @@ class SignalHub:
             subs = self._subs.setdefault(sub.channel, set())
             first = not subs
             subs.add(sub)
-            if first:
+            if first and self._pubsub is not None:
+                # Without a connection the reader is reconnecting and subscribes every registered channel.
                 try:
-                    await self._ensure_pubsub()
                     await self._pubsub.subscribe(sub.channel)
                 except Exception:
                     log.warning("signal subscribe failed; relying on status rechecks", exc_info=True)
                     self._reset_pubsub()
-            self._have_channels.set()
         return sub
 
     async def unsubscribe(self, sub: Subscription) -> None:
@@ -112,16 +146,11 @@ class SignalHub:
                     await self._pubsub.unsubscribe(sub.channel)
                 except Exception:
                     self._reset_pubsub()
-            if not self._subs:
-                self._have_channels.clear()
-
-    async def _ensure_pubsub(self) -> None:
-        if self._pubsub is None:
-            assert self._client is not None
-            self._pubsub = self._client.pubsub(ignore_subscribe_messages=True)
 
     def _reset_pubsub(self) -> None:
+        """Drop the connection (under the lock); the reader's read then fails, and it reconnects."""
         old, self._pubsub = self._pubsub, None
+        self._connected.clear()
         if old is not None:
             task = asyncio.get_running_loop().create_task(old.aclose())
             task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
@@ -142,33 +171,50 @@ class SignalHub:
                 sub.events.put_nowait({"event": "reconnected"})
 
     async def _resubscribe(self) -> None:
+        """A new connection, subscribed to the hub's channel and every registered channel in one command."""
         async with self._lock:
-            await self._ensure_pubsub()
-            if self._subs:
-                await self._pubsub.subscribe(*self._subs)
+            if self._pubsub is not None:
+                return
+            assert self._client is not None
+            pubsub: Any = self._client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self.hub_channel, *self._subs)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+                raise
+            self._pubsub = pubsub
 
     async def _reader(self) -> None:
-        broken = False
+        failing = False
         while True:
+            pubsub = self._pubsub
             try:
-                await self._have_channels.wait()
-                if broken or self._pubsub is None:
+                if pubsub is None:
                     await self._resubscribe()
-                    if broken:
-                        self._wake_all()
-                    broken = False
-                pubsub = self._pubsub
-                if pubsub is None or not pubsub.subscribed:
-                    await asyncio.sleep(0.05)
-                    continue
-                message = await pubsub.get_message(timeout=1.0)
+                    self.connects += 1
+                    # A message published while there was no connection is lost: every waiter re-reads.
+                    self._wake_all()
+                    pubsub = self._pubsub
+                    if pubsub is None:
+                        continue  # dropped at once by a failed subscribe: connect again
+                    self._connected.set()
+                    if failing:
+                        log.warning("signal reader reconnected")
+                    failing = False
+                # Blocks on the socket until a message arrives. The timeout only bounds how long the reader
+                # sits on a connection another task dropped (``_reset_pubsub``) should its read not fail.
+                message = await pubsub.get_message(timeout=READ_TIMEOUT_SECONDS)
                 if message and message.get("type") == "message":
                     self._dispatch(message.get("channel", ""), message.get("data"))
             except asyncio.CancelledError:
                 raise
             except Exception:
-                log.warning("signal reader failed; reconnecting", exc_info=True)
+                if pubsub is not None and self._pubsub is not pubsub:
+                    continue  # another task dropped this connection (a failed SUBSCRIBE): connect again now
+                if not failing:
+                    log.warning("signal reader failed; reconnecting", exc_info=True)
+                failing = True
                 async with self._lock:
                     self._reset_pubsub()
-                broken = True
                 await asyncio.sleep(RECONNECT_SECONDS)
