@@ -228,7 +228,7 @@ async def pop_text_job(
                     started=job.assigned,
                     job_ttl=pw.job_ttl,
                     lease_cap=pw.lease_cap,
-                    trusted=owner.trusted,
+                    trusted=pw.trusted,  # as re-read by a long poll
                 )
                 for gid in ids
             }
