@@ -25,8 +25,9 @@ DROPPED = Counter(
     "horde_log_records_dropped_total", "Log records dropped because the writer's backlog was full"
 )
 
-#: How long stopping waits for room for its sentinel in a full backlog.
+#: How long stopping waits for room for its sentinel in a full backlog, then for the backlog to be written.
 STOP_WAIT_SECONDS = 2.0
+STOP_JOIN_SECONDS = 10.0
 
 _listener: logging.handlers.QueueListener | None = None
 
@@ -47,7 +48,8 @@ class _RecordQueueHandler(logging.handlers.QueueHandler):
 
 class _Listener(logging.handlers.QueueListener):
     """Stops without hanging on a stalled stderr: the stop sentinel waits for room in the full backlog at most
-    :data:`STOP_WAIT_SECONDS`; past that the (daemon) writer thread is left behind."""
+    :data:`STOP_WAIT_SECONDS` and the writing of the backlog at most :data:`STOP_JOIN_SECONDS`; past that the
+    (daemon) writer thread is left behind."""
 
     def __init__(self, records: queue.Queue[Any], handler: logging.Handler) -> None:
         super().__init__(records, handler, respect_handler_level=True)
@@ -61,7 +63,7 @@ class _Listener(logging.handlers.QueueListener):
         except queue.Full:
             self._thread = None
             return
-        self._thread.join()  # writes what is still queued
+        self._thread.join(STOP_JOIN_SECONDS)  # writes what is still queued (a stalled stderr: gives up)
         self._thread = None
 
 
