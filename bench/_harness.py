@@ -10,6 +10,7 @@ import os
 import statistics
 import sys
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import Any
 import asyncpg
 import httpx
 from horde_store.migrate import migrate
+from horde_store.users import hash_api_key
 from horde_testing.launcher import ServiceProcess, free_port
 from horde_testing.pgadmin import create_database_sync, run_sync
 from horde_testing.stores import postgres_store, redis_store
@@ -37,6 +39,7 @@ __all__ = [
     "print_results",
     "print_table",
     "running_services",
+    "seed_client_and_owner",
     "timed_gather",
 ]
 
@@ -115,6 +118,20 @@ async def insert_users(
         key_hashes,
     )
     return [r["id"] for r in rows]
+
+
+async def seed_client_and_owner(dsn: str, prefix: str, concurrency: int) -> tuple[str, str]:
+    """A requester (kudos to spare, ``concurrency``) and a worker owner named after ``prefix``: their API keys."""
+    tag = uuid.uuid4().hex[:8]
+    client_key, owner_key = f"{prefix}-client-{tag}", f"{prefix}-owner-{tag}"
+    conn = await asyncpg.connect(dsn)
+    try:
+        [client_id] = await insert_users(conn, [f"{prefix}-c-{tag}"], [hash_api_key(client_key, SALT)], 10**9)
+        await insert_users(conn, [f"{prefix}-o-{tag}"], [hash_api_key(owner_key, SALT)], 0)
+        await conn.execute("UPDATE users SET concurrency = $2 WHERE id = $1", client_id, concurrency)
+    finally:
+        await conn.close()
+    return client_key, owner_key
 
 
 async def insert_workers(conn: asyncpg.Connection, owners: list[int], tag: str, model: str) -> dict[int, Any]:

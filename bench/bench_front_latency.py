@@ -63,21 +63,18 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import asyncpg
 import httpx
 import openai
 from _harness import (
-    SALT,
     Service,
     bench_parser,
     bench_stores,
     exit_on_failures,
-    insert_users,
     percentile_ms,
     print_table,
     running_services,
+    seed_client_and_owner,
 )
-from horde_store.users import hash_api_key
 
 MODEL = "bench/front-latency-7b"
 WORKER_NAME = "bench-front-latency-worker"
@@ -190,16 +187,7 @@ def running_stack(
 
 async def seed(dsn: str) -> tuple[str, str]:
     """The requester (kudos and concurrency to spare) and the worker owner: their API keys."""
-    tag = uuid.uuid4().hex[:8]
-    client_key, owner_key = f"latency-client-{tag}", f"latency-owner-{tag}"
-    conn = await asyncpg.connect(dsn)
-    try:
-        [client_id] = await insert_users(conn, [f"latency-c-{tag}"], [hash_api_key(client_key, SALT)], 10**9)
-        await insert_users(conn, [f"latency-o-{tag}"], [hash_api_key(owner_key, SALT)], 0)
-        await conn.execute("UPDATE users SET concurrency = 1000 WHERE id = $1", client_id)
-    finally:
-        await conn.close()
-    return client_key, owner_key
+    return await seed_client_and_owner(dsn, "latency", 1000)
 
 
 @dataclass

@@ -70,7 +70,6 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import asyncpg
 import httpx
 import redis.asyncio as redis
 from _harness import (
@@ -79,10 +78,10 @@ from _harness import (
     bench_parser,
     bench_stores,
     exit_on_failures,
-    insert_users,
     percentile_ms,
     print_table,
     running_services,
+    seed_client_and_owner,
 )
 from horde_core.chat_stream import AppendStatus, ProgressAppender, lease_key_check
 from horde_core.redis_keys import signal_client
@@ -223,16 +222,7 @@ def running_stack(dsn: str, redis_url: str, streams: int) -> Iterator[tuple[Serv
 
 async def seed(dsn: str) -> tuple[str, str]:
     """The requester (kudos and concurrency to spare) and the worker owner: their API keys."""
-    tag = uuid.uuid4().hex[:8]
-    client_key, owner_key = f"relay-client-{tag}", f"relay-owner-{tag}"
-    conn = await asyncpg.connect(dsn)
-    try:
-        [client_id] = await insert_users(conn, [f"relay-c-{tag}"], [hash_api_key(client_key, SALT)], 10**9)
-        await insert_users(conn, [f"relay-o-{tag}"], [hash_api_key(owner_key, SALT)], 0)
-        await conn.execute("UPDATE users SET concurrency = 1000000 WHERE id = $1", client_id)
-    finally:
-        await conn.close()
-    return client_key, owner_key
+    return await seed_client_and_owner(dsn, "relay", 1000000)
 
 
 # --- the client side ------------------------------------------------------------------------------------------
