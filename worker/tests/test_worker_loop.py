@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+from horde_testing.launcher import free_port
 from horde_worker import __version__
 from horde_worker.backends.scripted import GREETING, ScriptedBackend
 from horde_worker.config import WorkerSettings
@@ -387,12 +388,6 @@ async def test_a_hung_backend_is_faulted_after_the_lease(horde: StandInHorde) ->
 
 
 # -- metrics and the process ------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def test_metrics_and_healthz(horde: StandInHorde, fast: Timings) -> None:

@@ -7,16 +7,11 @@ import socket
 import grpc
 import pytest
 from horde_core.grpc import check_health, insecure_channel, start_grpc_server
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from horde_testing.launcher import free_port
 
 
 async def test_health_serving_for_named_services() -> None:
-    port = _free_port()
+    port = free_port()
     server = await start_grpc_server("127.0.0.1", port, lambda _: None, ["horde.test.v1.TestService"])
     try:
         async with insecure_channel(f"127.0.0.1:{port}") as channel:

@@ -7,7 +7,6 @@ hour, so only the signal can end it."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from horde_oai.cancels import CancelManager
 from horde_oai.horde_client import NATIVE_KEEPALIVE_SECONDS, HordeClient
 from horde_oai.signals import CLIENT_NAME, SignalHub
 from horde_oai.waiter import ChatWait
+from horde_testing.launcher import free_port
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -50,12 +50,6 @@ DONE = {
         {"text": "hi", "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}
     ],
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -88,7 +82,7 @@ async def native_peer() -> AsyncIterator[NativePeer]:
             Route("/api/v2/generate/chat/status/{id}", status, methods=["GET"]),
         ]
     )
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="off"))
     task = asyncio.create_task(server.serve())
     for _ in range(500):  # uvicorn exposes no start event; poll its flag for up to 5 s

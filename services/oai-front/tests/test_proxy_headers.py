@@ -4,23 +4,17 @@ horde's per-address rate limits count each client of the front rather than the f
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 import uvicorn
 from horde_oai.horde_client import HordeClient
+from horde_testing.launcher import free_port
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -33,7 +27,7 @@ async def native_peer() -> AsyncIterator[tuple[str, list[dict[str, str]]]]:
         return JSONResponse({"id": "r1", "kudos": 1, "warnings": []}, status_code=202)
 
     app = Starlette(routes=[Route("/api/v2/generate/chat/async", submit, methods=["POST"])])
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="off"))
     task = asyncio.create_task(server.serve())
     for _ in range(500):  # uvicorn exposes no start event; poll its flag for up to 5 s
@@ -50,13 +44,20 @@ async def native_peer() -> AsyncIterator[tuple[str, list[dict[str, str]]]]:
 @pytest.mark.parametrize(
     ("passkey", "address", "expected"),
     [
-        ("front-passkey", "203.0.113.7", {"proxy-authorization": "front-passkey", "proxied-for": "203.0.113.7"}),
+        (
+            "front-passkey",
+            "203.0.113.7",
+            {"proxy-authorization": "front-passkey", "proxied-for": "203.0.113.7"},
+        ),
         (None, "203.0.113.7", {}),
         ("front-passkey", None, {}),
     ],
 )
 async def test_submit_forwards_the_client_address_with_the_passkey(
-    native_peer: tuple[str, list[dict[str, Any]]], passkey: str | None, address: str | None, expected: dict[str, str]
+    native_peer: tuple[str, list[dict[str, Any]]],
+    passkey: str | None,
+    address: str | None,
+    expected: dict[str, str],
 ) -> None:
     url, seen = native_peer
     client = HordeClient(url, proxy_passkey=passkey)

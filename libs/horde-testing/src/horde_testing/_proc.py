@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -53,9 +54,36 @@ os.execv(argv[0], argv)
 """
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+# Ports this process has handed out: a server that has not bound yet must not get a twin.
+_HANDED_OUT: set[int] = set()
+_PORT_LOCK = threading.Lock()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """Return a TCP port that was free on ``host`` a moment ago (bind to port 0 and release it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    """Return a TCP port that is free on ``host`` now and lies below the kernel's ephemeral range.
+
+    Port 0 would hand back an ephemeral port, which the very next outgoing connection of any process
+    on the machine may take before our server binds it ("address already in use"). Ports below the
+    range are never chosen by the kernel for outgoing connections, so the only contenders are other
+    servers; a port is never handed out twice by this process.
+    """
+    low = min(_ephemeral_low(), 65536)
+    first = 20000 if low > 21000 else 1024
+    rng = random.Random()
+    with _PORT_LOCK:
+        for _ in range(200):
+            port = rng.randrange(first, low)
+            if port not in _HANDED_OUT and port_is_free(port, host):
+                _HANDED_OUT.add(port)
+                return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # a crowded range: fall back
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
