@@ -8,7 +8,7 @@ import horde_contract as hc
 import pytest
 
 
-def assert_refusal(exc: hc.ChatContractError, status: int, rc: str, param: str | None, message: str) -> None:
+def assert_refusal(exc: hc.HordeError, status: int, rc: str, param: str | None, message: str) -> None:
     assert (exc.status, exc.rc, exc.param, exc.message) == (status, rc, param, message)
     body = exc.to_body()
     assert body["message"] == message and body["rc"] == rc

@@ -1,5 +1,5 @@
-"""Stored extras, the worker's narrowed copy and the chat job payload (chat-requests.md *Tools*, *Streaming
-progress*, *Chat job pop response*)."""
+"""Stored extras, the worker's narrowed copy and the chat job payload (docs/native-api.md#tools,
+#progress, #chat-job-payload)."""
 
 from __future__ import annotations
 

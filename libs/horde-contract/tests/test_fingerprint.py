@@ -1,5 +1,5 @@
 """The operation fingerprint: invariant under the stated equivalences, changed by every fingerprinted input
-(chat-requests.md *Operation key*)."""
+(docs/native-api.md#operation-key)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""TextModelReference: the naming expansion, the lookup rules and the multiplier (text path §10)."""
+"""TextModelReference: the naming expansion, the lookup rules and the multiplier."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Flattening, the prompt estimate and truncate_oldest (chat-requests.md *Flattened prompt*, *Context
-adjustments*)."""
+"""Flattening, the prompt estimate and truncate_oldest (docs/native-api.md#flattened-prompt,
+#context-adjustments)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ TOOLS = [{"type": "function", "function": {"name": "f", "description": "é"}}]
 
 
 def test_flatten() -> None:
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "system", "content": "sys"},
         {
             "role": "user",
@@ -129,7 +129,7 @@ def test_truncate_example() -> None:
 
 def test_truncate_refuses_or_returns_minimum(refusal: Any) -> None:
     messages = [user("x" * 100), assistant("y" * 100), user("z" * 4000)]
-    with pytest.raises(hc.ChatContractError) as info:
+    with pytest.raises(hc.HordeError) as info:
         hc.truncate_oldest(messages, TOOLS, 500)
     floor = hc.estimate_chat_prompt_tokens(messages[2:], TOOLS)
     refusal(
@@ -205,7 +205,7 @@ def test_truncate_properties(messages: list[dict[str, Any]], tools: Any, budget:
     pinned = _pinned(messages)
     floor = hc.estimate_chat_prompt_tokens([m for i, m in enumerate(messages) if i in pinned], tools)
     if floor > budget and hc.estimate_chat_prompt_tokens(messages, tools) > budget:
-        with pytest.raises(hc.ChatContractError):
+        with pytest.raises(hc.HordeError):
             hc.truncate_oldest(messages, tools, budget)
         kept, adjustment = hc.truncate_oldest(messages, tools, budget, refuse=False)
     else:

@@ -1,5 +1,5 @@
 """horde_contract is pure: it imports no store client, web framework, network library or other workspace
-member (issue 3 *Done when*; ARCHITECTURE.md)."""
+member (README.md#architecture)."""
 
 from __future__ import annotations
 

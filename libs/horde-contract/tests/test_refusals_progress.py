@@ -1,5 +1,5 @@
-"""Refusal builders, progress posts and lease rules (chat-requests.md *Routes*, *Operation key*, *Images*,
-*Streaming progress*, *Job lease*; chat-front.md *Kudos cap*)."""
+"""Refusal builders, progress posts and lease rules (docs/native-api.md#routes, #operation-key, #images,
+#progress, #job-lease; docs/openai-front.md#kudos-cap)."""
 
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ def test_image_refusals(refusal: Any) -> None:
     assert hc.chat_image_total_cap(trusted=True) == 25 * 1024 * 1024
     assert hc.chat_image_total_cap(trusted=False) == 5 * 1024 * 1024
     hc.check_image_total(5 * 1024 * 1024, trusted=False)
-    with pytest.raises(hc.ChatContractError) as info:
+    with pytest.raises(hc.HordeError) as info:
         hc.check_image_total(5 * 1024 * 1024 + 1, trusted=False)
     refusal(
         info.value,
@@ -169,7 +169,7 @@ PROGRESS_REFUSALS = [
     ("case", "body", "param", "message"), PROGRESS_REFUSALS, ids=[c[0] for c in PROGRESS_REFUSALS]
 )
 def test_progress_refusals(case: str, body: Any, param: str | None, message: str, refusal: Any) -> None:
-    with pytest.raises(hc.ChatContractError) as info:
+    with pytest.raises(hc.HordeError) as info:
         hc.parse_progress_body(body)
     refusal(info.value, 400, "BadRequest", param, message)
 
@@ -180,18 +180,21 @@ def test_progress_accepted_and_errors(refusal: Any) -> None:
     thinking = hc.parse_progress_body({"id": "g", "seq": 1, "delta": {"reasoning_content": "hmm"}})
     assert thinking.content == "" and thinking.reasoning_content == "hmm" and thinking.delta_bytes == 3
     assert hc.progress_byte_cap(512) == 8192
-    err = hc.progress_out_of_sequence_error(3)
+    err = hc.progress_out_of_sequence_error(5, 3)
     assert (err.status, err.rc, err.param) == (409, "ChatProgressOutOfSequence", "seq")
     assert err.to_body()["expected_seq"] == 3
     assert (hc.progress_cap_reached_error().status, hc.progress_cap_reached_error().rc) == (
         413,
         "ChatProgressCapReached",
     )
-    assert (hc.progress_not_streaming_error().status, hc.progress_not_streaming_error().rc) == (
+    assert (hc.progress_not_streaming_error("g").status, hc.progress_not_streaming_error("g").rc) == (
         404,
         "ChatProgressNotStreaming",
     )
-    assert (hc.chat_job_aborted_error().status, hc.chat_job_aborted_error().rc) == (404, "ChatJobAborted")
+    assert (hc.chat_job_aborted_error("g").status, hc.chat_job_aborted_error("g").rc) == (
+        404,
+        "ChatJobAborted",
+    )
     assert (hc.progress_unavailable_error().status, hc.progress_unavailable_error().rc) == (
         503,
         "ChatProgressUnavailable",

@@ -1,5 +1,5 @@
-"""Submit bodies, reply verification, the stored reply and its charge (chat-requests.md *Structured submit*,
-*Reasoning*, *Reply verification*, *Pricing*)."""
+"""Submit bodies, reply verification, the stored reply and its charge (docs/native-api.md#submit,
+#reasoning, #reply-verification, #pricing)."""
 
 from __future__ import annotations
 
@@ -296,7 +296,7 @@ SUBMIT_REFUSALS = [
 def test_submit_refusals(
     case: str, body: Any, status: int, rc: str, param: str | None, message: str, refusal: Any
 ) -> None:
-    with pytest.raises(hc.ChatContractError) as info:
+    with pytest.raises(hc.HordeError) as info:
         hc.parse_submit_body(body)
     refusal(info.value, status, rc, param, message)
 
@@ -358,7 +358,7 @@ def test_faulted_chat_submit(body: dict[str, Any]) -> None:
     parsed = hc.parse_submit_body(body)
     assert isinstance(parsed, hc.ChatSubmit) and parsed.faulted and parsed.message is None
     assert parsed.fault_reason == body.get("fault_reason")
-    with pytest.raises(hc.ChatContractError) as info:
+    with pytest.raises(hc.HordeError) as info:
         hc.verify_chat_reply(parsed, None)
     assert info.value.rc == INV
 
@@ -725,7 +725,7 @@ def _check(outcome: tuple[Any, ...], run: Any, refusal: Any) -> hc.VerifiedReply
         verified = run()
         assert verified.finish_reason == outcome[1]
         return verified  # type: ignore[no-any-return]
-    with pytest.raises(hc.ChatContractError) as info:
+    with pytest.raises(hc.HordeError) as info:
         run()
     if len(outcome) == 1:
         assert info.value.rc == outcome[0]

@@ -1,16 +1,16 @@
-"""Bounded reply validation (horde_contract.reply_schema; issue 9 item 3): patterns in RE2, references inside the
+"""Bounded reply validation (horde_contract.reply_schema): patterns in RE2, references inside the
 schema only, steps, reference expansions and CPU time capped, error messages cut, replies bounded by the job."""
 
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import horde_contract as hc
 import pytest
+import re2
 from horde_contract.reply import (
     check_chat_reply_size,
     check_text_reply_size,
@@ -23,6 +23,7 @@ from horde_contract.reply_schema import (
     SchemaBoundExceeded,
     SchemaLimits,
     SchemaUncompilable,
+    compile_pattern,
     compile_reply_schema,
     reply_schema_error,
 )
@@ -81,28 +82,27 @@ def reply(content: str) -> dict[str, Any]:
 # -- patterns -----------------------------------------------------------------------------------------------
 
 
+# A backtracking engine takes hours (2**40 paths) on these tests' inputs: answering at all proves the linear
+# engine, and the timeout is only a hang guard.
+@pytest.mark.timeout(30)
 def test_catastrophic_pattern_is_linear() -> None:
     """``^(a|a)*$`` against 40 a's and a '!' takes hours with a backtracking engine; RE2 answers at once."""
-    started = time.perf_counter()
+    assert isinstance(compile_pattern("^(a|a)*$"), re2._Regexp)
     error = validate(REDOS, {"s": "a" * 40 + "!"})
-    assert time.perf_counter() - started < 0.5
     assert error is not None
     assert error.message == f"'{'a' * 40}!' does not match '^(a|a)*$'"
     assert validate(REDOS, {"s": "a" * 40}) is None
-    started = time.perf_counter()
     assert validate(REDOS, {"s": "a" * 200_000 + "!"}) is not None
-    assert time.perf_counter() - started < 0.5
 
 
+@pytest.mark.timeout(30)  # a hang guard (see above)
 def test_catastrophic_pattern_property_is_linear() -> None:
     schema = {
         "type": "object",
         "patternProperties": {"^(a|a)*$": {"type": "integer"}},
         "additionalProperties": False,
     }
-    started = time.perf_counter()
     error = validate(schema, {"a" * 40 + "!": 1})
-    assert time.perf_counter() - started < 0.5
     assert error is not None
     assert error.message == f"'{'a' * 40}!' does not match any of the regexes: '^(a|a)*$'"
     assert validate(schema, {"aaaa": 1}) is None
@@ -160,7 +160,6 @@ def test_nested_dialect_is_uncompilable() -> None:
 # -- references ---------------------------------------------------------------------------------------------
 
 
-
 def test_remote_file_and_metaschema_references_do_not_resolve(schema_server: Any, monkeypatch: Any) -> None:
     base, hits = schema_server
 
@@ -187,20 +186,24 @@ def test_remote_file_and_metaschema_references_do_not_resolve(schema_server: Any
 # -- budgets -------------------------------------------------------------------------------------------------
 
 
+# 2**40 evaluations without a bound: ending at all proves the bound, which the error names; the timeout is
+# only a hang guard.
+@pytest.mark.timeout(30)
 def test_exponential_schema_stops_at_its_cpu_bound() -> None:
     limits = SchemaLimits(max_steps=10**9, max_ref_expansions=10**9, cpu_seconds=0.3)
-    started = time.thread_time()
-    with pytest.raises(SchemaBoundExceeded, match="CPU time"):
+    with pytest.raises(SchemaBoundExceeded, match=r"^its CPU time bound$"):
         validate(EXPONENTIAL, nested(40), limits)
-    assert time.thread_time() - started < 1.5
 
 
+@pytest.mark.timeout(30)
 def test_default_bounds_end_a_pathological_check_within_seconds() -> None:
-    started, cpu = time.perf_counter(), time.thread_time()
-    with pytest.raises(SchemaBoundExceeded):
+    # 500,000 steps or 2 s of CPU, whichever comes first: the error names the one reached.
+    with pytest.raises(SchemaBoundExceeded) as info:
         validate(EXPONENTIAL, nested(40))
-    assert time.thread_time() - cpu < 2.5  # 500,000 steps or 2 s of CPU, overshooting by at most a few steps
-    assert time.perf_counter() - started < 10  # wall time adds whatever else the machine runs
+    assert str(info.value) in {
+        f"more than {DEFAULT_SCHEMA_LIMITS.max_steps} validation steps",
+        "its CPU time bound",
+    }
 
 
 def test_step_and_reference_caps_are_deterministic() -> None:
@@ -236,9 +239,15 @@ def test_deep_reply_is_bounded_not_a_crash() -> None:
 
 def test_unique_items_is_linear_and_keeps_jsonschemas_equality() -> None:
     schema = {"type": "array", "uniqueItems": True}
-    started = time.perf_counter()
-    assert validate(schema, [{"a": i, "b": [i]} for i in range(30_000)]) is None
-    assert time.perf_counter() - started < 5
+    items = [{"a": i, "b": [i]} for i in range(30_000)]
+    assert validate(schema, items) is None
+    # One counted step per item (jsonschema's own check compares every pair of objects, uncounted).
+    assert (
+        validate(schema, items, SchemaLimits(max_steps=30_100, max_ref_expansions=10**9, cpu_seconds=60))
+        is None
+    )
+    with pytest.raises(SchemaBoundExceeded, match="more than 30000 validation steps"):
+        validate(schema, items, SchemaLimits(max_steps=30_000, max_ref_expansions=10**9, cpu_seconds=60))
     assert validate(schema, [{"a": 1}, {"a": 1}]) is not None
     assert validate(schema, [1, 1.0]) is not None
     assert validate(schema, [1, True]) is None
@@ -266,9 +275,14 @@ def test_a_large_legal_reply_fits_the_default_bounds() -> None:
         "additionalProperties": False,
     }
     value = {"items": [{"id": i, "name": "Name Here", "tags": ["a", "b"]} for i in range(5200)]}
-    started = time.thread_time()
     assert validate(schema, value) is None
-    assert time.thread_time() - started < 1.0
+    # Well inside: it fits a quarter of the default step bound too.
+    quarter = SchemaLimits(
+        max_steps=DEFAULT_SCHEMA_LIMITS.max_steps // 4,
+        max_ref_expansions=DEFAULT_SCHEMA_LIMITS.max_ref_expansions,
+        cpu_seconds=DEFAULT_SCHEMA_LIMITS.cpu_seconds,
+    )
+    assert validate(schema, value, quarter) is None
 
 
 def test_compile_outcome_is_cached() -> None:
@@ -284,7 +298,7 @@ def test_compile_outcome_is_cached() -> None:
 
 def test_verify_refuses_a_check_past_its_bounds_as_nonconformant() -> None:
     limits = SchemaLimits(max_steps=10**9, max_ref_expansions=10**9, cpu_seconds=0.2)
-    with pytest.raises(hc.ChatContractError) as info:
+    with pytest.raises(hc.HordeError) as info:
         hc.verify_chat_reply(reply(json.dumps(nested(40))), strict(EXPONENTIAL), "strict", limits)
     assert (info.value.status, info.value.rc, info.value.param) == (
         400,
@@ -299,11 +313,10 @@ def test_verify_refuses_a_check_past_its_bounds_as_nonconformant() -> None:
     assert hc.verify_chat_reply(reply(json.dumps(nested(40))), strict(EXPONENTIAL), "best_effort", limits)
 
 
+@pytest.mark.timeout(30)  # a hang guard: a backtracking engine would take hours
 def test_verify_catastrophic_pattern_is_nonconformant_at_once() -> None:
-    started = time.perf_counter()
-    with pytest.raises(hc.ChatContractError) as info:
+    with pytest.raises(hc.HordeError) as info:
         hc.verify_chat_reply(reply(json.dumps({"s": "a" * 40 + "!"})), strict(REDOS), "strict")
-    assert time.perf_counter() - started < 0.5
     assert info.value.rc == "ChatSubmitNonconformant"
     assert info.value.message == (
         "'message.content': The reply content does not match the response format schema at '/s': "
@@ -312,7 +325,7 @@ def test_verify_catastrophic_pattern_is_nonconformant_at_once() -> None:
 
 
 def test_verify_uncompilable_pattern_names_it() -> None:
-    with pytest.raises(hc.ChatContractError) as info:
+    with pytest.raises(hc.HordeError) as info:
         hc.verify_chat_reply(
             reply('{"s": "aa"}'), strict({"type": "object", "properties": {"s": {"pattern": r"(a)\1"}}})
         )
@@ -340,7 +353,7 @@ def test_chat_reply_size_is_bounded_by_max_length() -> None:
     assert max_reply_bytes(80) == 1280
     check_chat_reply_size(reply("a" * 1280), 80)
     check_chat_reply_size(reply("é" * 640), 80)  # two bytes each: exactly the cap
-    with pytest.raises(hc.ChatContractError) as info:
+    with pytest.raises(hc.HordeError) as info:
         check_chat_reply_size(reply("é" * 641), 80)
     assert (info.value.status, info.value.rc, info.value.param) == (400, "ChatSubmitInvalid", "message")
     assert info.value.message == (
@@ -349,7 +362,7 @@ def test_chat_reply_size_is_bounded_by_max_length() -> None:
     )
     call = {"id": "c" * 10, "type": "function", "function": {"name": "f" * 10, "arguments": "a" * 1000}}
     check_chat_reply_size({"role": "assistant", "content": "x" * 260, "tool_calls": [call]}, 80)
-    with pytest.raises(hc.ChatContractError):
+    with pytest.raises(hc.HordeError):
         check_chat_reply_size({"role": "assistant", "content": "x" * 261, "tool_calls": [call]}, 80)
     # Reasoning has its own bound (MAX_CHAT_TEXT_BYTES, at parse).
     check_chat_reply_size({"role": "assistant", "content": "", "reasoning_content": "r" * 100_000}, 80)
@@ -357,7 +370,7 @@ def test_chat_reply_size_is_bounded_by_max_length() -> None:
 
 def test_text_reply_size_is_bounded_by_max_length() -> None:
     check_text_reply_size("a" * 1280, 80)
-    with pytest.raises(hc.ChatContractError) as info:
+    with pytest.raises(hc.HordeError) as info:
         check_text_reply_size("a" * 8_000_000, 80)
     assert (info.value.status, info.value.rc, info.value.param) == (400, "ChatSubmitInvalid", "generation")
     assert info.value.message == (

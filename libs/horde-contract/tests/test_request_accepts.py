@@ -1,5 +1,5 @@
 """Accepted edges of parse_chat_request: defaults, nulls that mean none, equivalences, mapping and caps at
-their limit (chat-requests.md *Request body*, *Images*, *Tools*)."""
+their limit (docs/native-api.md#request-body, #images, #tools)."""
 
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ def test_sampling_mapping() -> None:
 
 
 def test_message_mapping() -> None:
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "developer", "content": "dev", "name": "d"},
         {"role": "system", "content": [{"type": "text", "text": "sys"}]},
         {
@@ -164,7 +164,7 @@ def test_message_mapping() -> None:
 
 def test_tool_history_accepts_any_order_and_recurring_ids() -> None:
     calls = [CALL, {**CALL, "id": "c2"}]
-    messages = [
+    messages: list[dict[str, Any]] = [
         USER,
         {"role": "assistant", "tool_calls": calls},
         {"role": "tool", "tool_call_id": "c2", "content": "b"},
@@ -298,12 +298,12 @@ def test_defer_length_limits_and_final_validation(refusal: Any) -> None:
     body = {"model": "m", "messages": [USER], "max_tokens": 16384, "horde": {"max_context_length": 100}}
     request = hc.parse_chat_request(body, defer_length_limits=True)
     assert request.max_length == 16384
-    with pytest.raises(hc.ChatContractError) as info:
+    with pytest.raises(hc.HordeError) as info:
         hc.parse_chat_request(dict(body, max_tokens=15), defer_length_limits=True)
     assert info.value.param == "max_tokens"
     lowered = dict(request.text_params, max_length=4096, max_context_length=8192)
     assert hc.validate_chat_text_params(lowered)["max_length"] == 4096
-    with pytest.raises(hc.ChatContractError) as info:
+    with pytest.raises(hc.HordeError) as info:
         hc.validate_chat_text_params(dict(request.text_params, max_length=4096))
     refusal(
         info.value,
@@ -312,7 +312,7 @@ def test_defer_length_limits_and_final_validation(refusal: Any) -> None:
         "horde.max_context_length",
         "max_context_length (100) has to be at least max_length (4096).",
     )
-    with pytest.raises(hc.ChatContractError) as info:
+    with pytest.raises(hc.HordeError) as info:
         hc.validate_chat_text_params(
             dict(request.text_params, max_length=40000, max_context_length=65536),
             length_key="max_completion_tokens",
@@ -338,10 +338,10 @@ def test_json_word_search_reads_every_text_part() -> None:
 def test_token_limit_above_16384_is_refused_not_lowered(
     refusal: Any, defer: bool, value: int, key: str
 ) -> None:
-    """chat-requests.md *Request body*: max_length is 16 to 16384 and an out-of-range value is the text
+    """docs/native-api.md#request-body: max_length is 16 to 16384 and an out-of-range value is the text
     params' 400 validation error, never clamped, with or without the deferred (admission, front) parse."""
     body = {"model": "m", "messages": [USER], key: value}
-    with pytest.raises(hc.ChatContractError) as info:
+    with pytest.raises(hc.HordeError) as info:
         hc.parse_chat_request(body, defer_length_limits=defer)
     refusal(
         info.value,

@@ -1,5 +1,5 @@
-"""Every refusal of parse_chat_request: status, rc, param path and message (chat-requests.md *Request body*
-through *Refused keys and values*, *Images*, *Tools*; chat-front.md *Value and contract validation*)."""
+"""Every refusal of parse_chat_request: status, rc, param path and message (docs/native-api.md#request-body
+through #refused-keys-and-values, #images, #tools; docs/openai-front.md#requests)."""
 
 from __future__ import annotations
 
@@ -174,7 +174,7 @@ CASES: list[tuple[str, Any, int, str, str | None, str]] = [
         "'messages': Missing required parameter: 'messages'.",
     ),
     ("messages-type", body(messages="hi"), 400, B, "messages", "'messages': has to be an array of messages."),
-    ("messages-empty", body(messages=[]), 400, B, "messages", hc.request.EMPTY_MESSAGES_MESSAGE),
+    ("messages-empty", body(messages=[]), 400, B, "messages", hc.messages.EMPTY_MESSAGES_MESSAGE),
     (
         "messages-over-cap",
         body(messages=[USER] * 1025),
@@ -183,7 +183,7 @@ CASES: list[tuple[str, Any, int, str, str | None, str]] = [
         "messages",
         "'messages': holds 1025 messages; at most 1024 are allowed.",
     ),
-    ("message-type", msgs("hi"), 400, B, "messages[0]", "'messages[0]': has to be a message object."),
+    ("message-type", msgs("hi"), 400, B, "messages[0]", "'messages[0]': has to be a message object."),  # type: ignore[arg-type]
     (
         "role-missing",
         msgs({"content": "x"}),
@@ -1270,7 +1270,7 @@ CASES: list[tuple[str, Any, int, str, str | None, str]] = [
 def test_refusal(
     case: str, payload: Any, status: int, rc: str, param: str | None, message: str, refusal: Any
 ) -> None:
-    with pytest.raises(hc.ChatContractError) as info:
+    with pytest.raises(hc.HordeError) as info:
         hc.parse_chat_request(payload)
     refusal(info.value, status, rc, param, message)
 
@@ -1281,8 +1281,8 @@ def test_case_ids_are_unique() -> None:
 
 
 HISTORY_CALLS = [CALL, {**CALL, "id": "c2"}]
-UNANSWERED = hc.request.UNANSWERED_TOOL_CALLS_MESSAGE
-ORPHAN = hc.request.ORPHAN_TOOL_MESSAGE
+UNANSWERED = hc.messages.UNANSWERED_TOOL_CALLS_MESSAGE
+ORPHAN = hc.messages.ORPHAN_TOOL_MESSAGE
 
 
 def tool_reply(call_id: str) -> dict[str, Any]:
@@ -1353,11 +1353,11 @@ HISTORY_CASES = [
 def test_tool_history_refusal(
     case: str, messages: list[dict[str, Any]], param: str, text: str, refusal: Any
 ) -> None:
-    with pytest.raises(hc.ChatContractError) as info:
+    with pytest.raises(hc.HordeError) as info:
         hc.parse_chat_request(body(messages=messages))
     refusal(info.value, 400, U, param, f"'{param}': {text}")
     assert info.value.openai_message == text
     # The front applies the same rule to its own validated messages.
-    with pytest.raises(hc.ChatContractError) as again:
+    with pytest.raises(hc.HordeError) as again:
         hc.check_tool_history(messages)
     assert again.value.message == info.value.message

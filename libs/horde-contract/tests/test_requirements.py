@@ -1,5 +1,5 @@
-"""Requirements, the chat declaration, eligibility rules 1–3 and the declaration gap (chat-requests.md *Chat
-declaration on pop*, *Guarantees*, *Tool temperature limit*, *Eligibility*, *Impossible reason*)."""
+"""Requirements, the chat declaration, eligibility rules 1–3 and the declaration gap (docs/native-api.md
+#chat-declaration, #guarantees, #tool-temperature-limit, #eligibility, #impossible-reason)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-USER = {"role": "user", "content": "hi"}
+USER: dict[str, Any] = {"role": "user", "content": "hi"}
 TOOL = {"type": "function", "function": {"name": "f"}}
 TOOL_G = {"type": "function", "function": {"name": "g"}}
-CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
-IMAGE_MSG = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://a/b.png"}}]}
+CALL: dict[str, Any] = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+IMAGE_MSG: dict[str, Any] = {
+    "role": "user",
+    "content": [{"type": "image_url", "image_url": {"url": "https://a/b.png"}}],
+}
 STRICT_FMT = {
     "type": "json_schema",
     "json_schema": {"name": "n", "schema": {"type": "object", "additionalProperties": False}, "strict": True},
@@ -206,7 +209,7 @@ def test_declaration_refusals(
     case: str, change: dict[str, Any], param: str, message: str, refusal: Any
 ) -> None:
     pop = {**DECL, **change}
-    with pytest.raises(hc.ChatContractError) as info:
+    with pytest.raises(hc.HordeError) as info:
         hc.parse_chat_declaration(pop)
     refusal(info.value, 400, D, param, message)
 

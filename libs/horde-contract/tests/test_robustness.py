@@ -1,4 +1,4 @@
-"""Any JSON a client or worker sends ends in a result or a ChatContractError, never another exception."""
+"""Any JSON a client or worker sends ends in a result or a HordeError, never another exception."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def _replace(body: Any, path: tuple[Any, ...], value: Any) -> Any:
 def _call(fn: Any, value: Any) -> None:
     try:
         fn(value)
-    except hc.ChatContractError as exc:
+    except hc.HordeError as exc:
         assert exc.status in (400, 403, 404, 409, 413) and exc.rc and exc.message
 
 
@@ -91,7 +91,7 @@ def test_mutated_chat_bodies(path: tuple[Any, ...], value: Any) -> None:
     body = _replace(VALID_BODY, path, value)
     try:
         request = hc.parse_chat_request(body)
-    except hc.ChatContractError:
+    except hc.HordeError:
         return
     hc.build_operation_fingerprint(request)
     hc.estimate_chat_prompt_tokens(request.messages, request.tools)
@@ -132,7 +132,7 @@ def test_arbitrary_replies(message: dict[str, Any], finish: Any) -> None:
         parsed = hc.parse_submit_body(
             {"id": "g", "model_id": "m", "message": message, "finish_reason": finish}
         )
-    except hc.ChatContractError:
+    except hc.HordeError:
         return
     for conformance in ("strict", "best_effort"):
         _call(lambda s, mode=conformance: hc.verify_chat_reply(s, extras, mode), parsed)

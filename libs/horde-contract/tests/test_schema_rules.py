@@ -1,4 +1,4 @@
-"""Schema walking: nesting depth and OpenAI's strict structural rules (chat-requests.md *Tools*)."""
+"""Schema walking: nesting depth and OpenAI's strict structural rules (docs/native-api.md#tools)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The text params model for the legacy text route (ai-horde-text-path.md §1, §14)."""
+"""The text params model for the legacy text route (docs/native-api.md#text-route)."""
 
 from __future__ import annotations
 
@@ -42,14 +42,14 @@ RANGE_CASES = [
 
 @pytest.mark.parametrize(("field", "value", "text"), RANGE_CASES)
 def test_ranges(field: str, value: Any, text: str, refusal: Any) -> None:
-    with pytest.raises(hc.ChatContractError) as info:
+    with pytest.raises(hc.HordeError) as info:
         hc.parse_text_params({field: value})
     refusal(info.value, 400, B, field, f"'{field}': {FAILED}: {field}: {text}")
     assert info.value.extra == {"errors": {field: text}}
 
 
 def test_nested_field_path(refusal: Any) -> None:
-    with pytest.raises(hc.ChatContractError) as info:
+    with pytest.raises(hc.HordeError) as info:
         hc.parse_text_params({"sampler_order": [1, "x"]})
     refusal(
         info.value,
@@ -102,7 +102,7 @@ def test_nested_field_path(refusal: Any) -> None:
     ],
 )
 def test_cross_field(params: dict[str, Any], rc: str, param: str, message: str, refusal: Any) -> None:
-    with pytest.raises(hc.ChatContractError) as info:
+    with pytest.raises(hc.HordeError) as info:
         hc.parse_text_params(params)
     refusal(info.value, 400, rc, param, message)
 
@@ -129,7 +129,7 @@ def test_accepted() -> None:
 
 
 def test_not_an_object(refusal: Any) -> None:
-    with pytest.raises(hc.ChatContractError) as info:
+    with pytest.raises(hc.HordeError) as info:
         hc.parse_text_params([])
     refusal(
         info.value, 400, B, "params", "'params': Input payload validation failed: params must be an object"

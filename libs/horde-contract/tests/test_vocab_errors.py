@@ -1,4 +1,4 @@
-"""Constants, vocabularies, rc codes and the error type (chat-requests.md, values as the spec names them)."""
+"""Constants, vocabularies, rc codes and the error type (docs/native-api.md, values as the spec names them)."""
 
 from __future__ import annotations
 
@@ -117,9 +117,7 @@ def test_rc_values() -> None:
 
 
 def test_error_body_and_repr() -> None:
-    err = hc.ChatContractError(
-        409, hc.RC.ChatProgressOutOfSequence, "seq 5 is not next", "seq", {"expected_seq": 3}
-    )
+    err = hc.HordeError(409, hc.RC.ChatProgressOutOfSequence, "seq 5 is not next", "seq", {"expected_seq": 3})
     assert err.to_body() == {
         "message": "seq 5 is not next",
         "rc": "ChatProgressOutOfSequence",
@@ -204,21 +202,29 @@ def test_model_and_worker_errors(refusal) -> None:  # type: ignore[no-untyped-de
 def test_load_json_body(refusal) -> None:  # type: ignore[no-untyped-def]
     assert hc.load_json_body(b'{"a": [1, 2.5, "\\u00e9"]}') == {"a": [1, 2.5, "é"]}
     assert hc.load_json_body('"x"') == "x"
-    for raw in (b"{", b'{"a": NaN}', b"[Infinity]", b"-Infinity", b"[" * 100_000, b'{"t": 1e400}', b"[-1e999]"):
+    for raw in (
+        b"{",
+        b'{"a": NaN}',
+        b"[Infinity]",
+        b"-Infinity",
+        b"[" * 100_000,
+        b'{"t": 1e400}',
+        b"[-1e999]",
+    ):
         try:
             hc.load_json_body(raw)
-        except hc.ChatContractError as exc:
+        except hc.HordeError as exc:
             refusal(exc, 400, "BadRequest", None, "The request body is not valid JSON.")
         else:  # pragma: no cover
             raise AssertionError(raw)
     try:
         hc.load_json_body(b"\xff")
-    except hc.ChatContractError as exc:
+    except hc.HordeError as exc:
         refusal(exc, 400, "BadRequest", None, "The request body is not UTF-8 JSON.")
-    for raw in (b'{"a": "x\\u0000"}', '{"a": "x\x00"}'):
+    for nul_body in (b'{"a": "x\\u0000"}', '{"a": "x\x00"}'):
         try:
-            hc.load_json_body(raw)
-        except hc.ChatContractError as exc:
+            hc.load_json_body(nul_body)
+        except hc.HordeError as exc:
             refusal(exc, 400, "NulByteInPayload", None, "The request body contains a NUL character.")
     assert hc.load_json_body(b'{"a": "x\\u0000"}', refuse_nul=False) == {"a": "x\x00"}
     # an escaped backslash before u0000 is no NUL
@@ -226,9 +232,12 @@ def test_load_json_body(refusal) -> None:  # type: ignore[no-untyped-def]
     for raw in (b'{"a": "\\ud800"}', b'{"a": ["x\\uDFFF"]}', b'{"\\udc00": 1}'):
         try:
             hc.load_json_body(raw)
-        except hc.ChatContractError as exc:
+        except hc.HordeError as exc:
             refusal(
-                exc, 400, "BadRequest", None,
+                exc,
+                400,
+                "BadRequest",
+                None,
                 "The request body holds a lone UTF-16 surrogate, which is not valid Unicode.",
             )
         else:  # pragma: no cover
@@ -238,7 +247,7 @@ def test_load_json_body(refusal) -> None:  # type: ignore[no-untyped-def]
     assert hc.load_json_body(b'{"a": "\\\\ud800"}') == {"a": "\\ud800"}
     try:
         hc.load_json_body(b'{"k\\u0000": [1]}')
-    except hc.ChatContractError as exc:
+    except hc.HordeError as exc:
         assert exc.rc == "NulByteInPayload"
     else:  # pragma: no cover
         raise AssertionError("NUL in a key")

@@ -1,13 +1,13 @@
 """horde_contract: the chat contract as pure rules (no I/O), shared by admission, dispatch, submit, the
 OpenAI front and the reference worker, so every side applies the same rule.
 
-Spec: ../shared/spec/chat-requests.md and chat-front.md; see each module for its sections.
+See docs/native-api.md and docs/openai-front.md; see each module for its sections.
 """
 
 from .errors import (
     NATIVE_REQUEST_PATH_PATTERN,
     RC,
-    ChatContractError,
+    HordeError,
     bad_request,
     conflict,
     load_json_body,
@@ -91,6 +91,12 @@ from .limits import (
     UNMEASURED_TEXT_WORKER_TOKENS_PER_SECOND,
     UNTRUSTED_TEXT_JOB_LEASE_CAP_SECONDS,
 )
+from .messages import (
+    SUPPORTED_MESSAGE_KEYS,
+    check_tool_history,
+    estimate_data_url_bytes,
+    messages_mention_json,
+)
 from .model_reference import TextModelReference
 from .progress import (
     ChatProgress,
@@ -124,6 +130,8 @@ from .refusals import (
     check_image_total,
     context_adjustment,
     cut_fault_reason,
+    deleted_user_error,
+    invalid_api_key_error,
     kudos_cap_exceeded_error,
     operation_key_conflict_error,
     request_too_large_error,
@@ -134,9 +142,12 @@ from .refusals import (
     source_image_url_invalid_error,
     source_image_url_refused_error,
     too_many_images_error,
+    worker_not_found_error,
+    wrong_credentials_error,
 )
 from .reply import (
     ChatSubmit,
+    SubmitBody,
     TextSubmit,
     VerifiedReply,
     build_stored_reply,
@@ -145,23 +156,13 @@ from .reply import (
     chat_reply_finish_reason,
     parse_strict_json,
     parse_submit_body,
+    replace_nul,
     stored_generation,
+    submit_invalid,
     verify_chat_reply,
 )
-from .request import (
-    HORDE_OPTION_DEFAULTS,
-    SUPPORTED_MESSAGE_KEYS,
-    TOP_LEVEL_KEYS,
-    ChatHordeOptions,
-    ChatRequest,
-    check_tool_contract,
-    check_tool_history,
-    estimate_data_url_bytes,
-    messages_mention_json,
-    parse_chat_request,
-    parse_horde_options,
-    validate_chat_text_params,
-)
+from .request import TOP_LEVEL_KEYS, ChatRequest, parse_chat_request, validate_chat_text_params
+from .request_options import HORDE_OPTION_DEFAULTS, ChatHordeOptions, parse_horde_options
 from .requirements import (
     CHAT_LIMIT_REASONS,
     ChatDeclaration,
@@ -170,6 +171,8 @@ from .requirements import (
     chat_request_requirements,
     chat_tools_temperature,
     declaration_gap,
+    declaration_gap_reason,
+    declaration_gap_sentence,
     messages_have_images,
     messages_have_tool_history,
     no_eligible_worker_error,
@@ -188,8 +191,11 @@ from .text_params import (
     check_text_params_cross_fields,
     parse_text_params,
 )
+from .tools import check_tool_contract
 from .vocab import (
     ANONYMOUS_API_KEY,
+    CHAT_FEATURE_VALUES,
+    CHAT_GUARANTEE_VALUES,
     CHAT_WORKER_FAULT_MESSAGES,
     IMAGE_CARRYING_TRANSPORTS,
     KNOWN_CHAT_FEATURES,
@@ -215,6 +221,8 @@ __all__ = [
     "CHARS_PER_TOKEN",
     "CHAT_CHARGE_BASIS_OUTPUT_ESTIMATE",
     "CHAT_EXTRAS_KEYS",
+    "CHAT_FEATURE_VALUES",
+    "CHAT_GUARANTEE_VALUES",
     "CHAT_IMAGE_JPEG_QUALITY",
     "CHAT_IMAGE_MAX_SIDE",
     "CHAT_IMAGE_PLACEHOLDER",
@@ -289,7 +297,6 @@ __all__ = [
     "ChatConformance",
     "ChatContextAdjustmentReason",
     "ChatContextFit",
-    "ChatContractError",
     "ChatDeclaration",
     "ChatFaultReason",
     "ChatFeature",
@@ -305,6 +312,8 @@ __all__ = [
     "ChatSubmit",
     "ChatSubmitState",
     "ChatTextParams",
+    "HordeError",
+    "SubmitBody",
     "TextGenerationParams",
     "TextModelReference",
     "TextSubmit",
@@ -343,12 +352,16 @@ __all__ = [
     "count_image_parts",
     "cut_fault_reason",
     "declaration_gap",
+    "declaration_gap_reason",
+    "declaration_gap_sentence",
+    "deleted_user_error",
     "estimate_chat_prompt_tokens",
     "estimate_data_url_bytes",
     "estimate_text_tokens",
     "flatten_messages",
     "forced_function_name",
     "forwards_tools",
+    "invalid_api_key_error",
     "kudos_cap_exceeded_error",
     "lease_capacity_tokens",
     "load_json_body",
@@ -376,6 +389,7 @@ __all__ = [
     "progress_unavailable_error",
     "prompt_exceeds_context_error",
     "renewed_job_ttl",
+    "replace_nul",
     "request_too_large_error",
     "required_chat_features",
     "required_chat_guarantees",
@@ -389,6 +403,7 @@ __all__ = [
     "stored_generation",
     "streams_progress",
     "strict_schema_violation",
+    "submit_invalid",
     "text_job_lease_cap",
     "too_many_images_error",
     "truncate_oldest",
@@ -397,4 +412,6 @@ __all__ = [
     "unsupported_value",
     "validate_chat_text_params",
     "verify_chat_reply",
+    "worker_not_found_error",
+    "wrong_credentials_error",
 ]

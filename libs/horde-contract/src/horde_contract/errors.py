@@ -1,6 +1,6 @@
-"""Return codes and the one exception every contract refusal raises.
+"""Return codes and the one exception every refusal raises (the Horde error envelope).
 
-Spec: chat-requests.md (every section that names an ``rc``), chat-front.md *Value and contract validation*.
+See docs/native-api.md (every section that names an ``rc``), docs/openai-front.md#requests.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 
 class RC(StrEnum):
-    """Every ``rc`` string the chat routes (and the text routes they share) return."""
+    """Every ``rc`` string a native route returns, and every ``code`` of the OpenAI front's own errors."""
 
     # Request validation and admission (POST /v2/generate/chat/async, text async)
     BadRequest = "BadRequest"
@@ -38,8 +38,19 @@ class RC(StrEnum):
     MissingPrompt = "MissingPrompt"
     NulByteInPayload = "NulByteInPayload"
     WorkerNotFound = "WorkerNotFound"
-    # Any native route, past the process's in-flight cap (horde_core.capacity)
+    SharedKeyExpired = "SharedKeyExpired"
+    SharedKeyEmpty = "SharedKeyEmpty"
+    # Dispatch did not answer admission's availability call
+    WorkerPoolUnavailable = "WorkerPoolUnavailable"
+    # Any native route: past the process's in-flight cap (horde_core.capacity), past a rate limit, a body
+    # slower than the read timeout, a store outage, an unknown route or method, an unhandled error
     ServiceAtCapacity = "ServiceAtCapacity"
+    RateLimitExceeded = "RateLimitExceeded"
+    RequestBodyTimeout = "RequestBodyTimeout"
+    ServiceUnavailable = "ServiceUnavailable"
+    NotFound = "NotFound"
+    MethodNotAllowed = "MethodNotAllowed"
+    InternalServerError = "InternalServerError"
     OnlyServiceAccountProxy = "OnlyServiceAccountProxy"
     RequiresTrust = "RequiresTrust"
     # Upstream's rc really ends with a dot.
@@ -65,6 +76,10 @@ class RC(StrEnum):
     WorkerFlaggedMaintenance = "WorkerFlaggedMaintenance"
     WorkerMaintenance = "WorkerMaintenance"
     InvalidPriorityUsername = "InvalidPriorityUsername"
+    # Worker creation on pop
+    TooManyWorkers = "TooManyWorkers"
+    TooManyWorkersTrusted = "TooManyWorkersTrusted"
+    TooManySameIPs = "TooManySameIPs"
     # Submit
     ChatSubmitInvalid = "ChatSubmitInvalid"
     ChatSubmitNonconformant = "ChatSubmitNonconformant"
@@ -79,23 +94,31 @@ class RC(StrEnum):
     ChatProgressOutOfSequence = "ChatProgressOutOfSequence"
     ChatProgressCapReached = "ChatProgressCapReached"
     ChatProgressUnavailable = "ChatProgressUnavailable"
+    # The OpenAI front's own codes (its error envelope's ``code``)
+    FrontAtCapacity = "FrontAtCapacity"
+    ChatRequestTimeout = "ChatRequestTimeout"
+    ChatRequestFaulted = "ChatRequestFaulted"
+    ChatRequestNoGeneration = "ChatRequestNoGeneration"
+    ChatStreamDiverged = "ChatStreamDiverged"
+    HordeUnavailable = "HordeUnavailable"
 
 
 # The front reads the request path a native message starts with (UnknownChatModel, tool history, ...).
 NATIVE_REQUEST_PATH_PATTERN = re.compile(r"^'(?P<path>[^']+)'")
 
 
-class ChatContractError(Exception):
-    """A refusal by a contract rule.
+class HordeError(Exception):
+    """An API refusal in the Horde error envelope: every error body is ``{"message", "rc", **extra}``.
 
     Attributes: ``status`` (HTTP status), ``rc`` (an :class:`RC` value), ``message`` (the native message;
     where the spec says so it starts with the quoted request path), ``param`` (the request path such as
     ``messages[2].tool_calls`` or ``horde.only``, or None), ``extra`` (keys added to the native body, such
-    as ``expected_seq`` or ``impossible_reason``) and ``openai_message`` (the message without the path
-    prefix, which the front sends beside ``param``).
+    as ``expected_seq`` or ``impossible_reason``), ``openai_message`` (the message without the path
+    prefix, which the front sends beside ``param``) and ``headers`` (response headers such as
+    ``Retry-After``, or None).
     """
 
-    __slots__ = ("extra", "message", "openai_message", "param", "rc", "status")
+    __slots__ = ("extra", "headers", "message", "openai_message", "param", "rc", "status")
 
     def __init__(
         self,
@@ -106,6 +129,7 @@ class ChatContractError(Exception):
         extra: dict[str, Any] | None = None,
         *,
         openai_message: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -114,38 +138,37 @@ class ChatContractError(Exception):
         self.param = param
         self.extra = extra or {}
         self.openai_message = openai_message if openai_message is not None else message
+        self.headers = headers
 
     def to_body(self) -> dict[str, Any]:
         """The native error body: ``{"message", "rc", **extra}``."""
         return {"message": self.message, "rc": self.rc, **self.extra}
 
     def __repr__(self) -> str:
-        return f"ChatContractError({self.status}, {self.rc!r}, {self.message!r}, param={self.param!r})"
+        return f"HordeError({self.status}, {self.rc!r}, {self.message!r}, param={self.param!r})"
 
 
-def path_error(
-    status: int, rc: str, path: str, text: str, extra: dict[str, Any] | None = None
-) -> ChatContractError:
+def path_error(status: int, rc: str, path: str, text: str, extra: dict[str, Any] | None = None) -> HordeError:
     """A refusal whose message is ``'<path>': <text>``; ``openai_message`` is ``text`` alone."""
-    return ChatContractError(status, rc, f"'{path}': {text}", path, extra, openai_message=text)
+    return HordeError(status, rc, f"'{path}': {text}", path, extra, openai_message=text)
 
 
-def bad_request(path: str, text: str) -> ChatContractError:
+def bad_request(path: str, text: str) -> HordeError:
     """400 BadRequest at ``path`` (a value of the wrong type or outside its documented values)."""
     return path_error(400, RC.BadRequest, path, text)
 
 
-def unsupported(path: str, text: str | None = None) -> ChatContractError:
+def unsupported(path: str, text: str | None = None) -> HordeError:
     """400 UnsupportedChatParameter at ``path``; the message holds the path."""
     return path_error(
         400, RC.UnsupportedChatParameter, path, text or "this parameter is not supported on chat requests."
     )
 
 
-def unsupported_value(path: str, value: Any) -> ChatContractError:
+def unsupported_value(path: str, value: Any) -> HordeError:
     """400 UnsupportedChatParameter for a refused value; the message holds ``path=value``."""
     shown = value if isinstance(value, str) else repr(value)
-    return ChatContractError(
+    return HordeError(
         400,
         RC.UnsupportedChatParameter,
         f"'{path}={shown}': this value is not supported on chat requests.",
@@ -154,11 +177,11 @@ def unsupported_value(path: str, value: Any) -> ChatContractError:
     )
 
 
-def conflict(path: str, text: str, *, prefix: bool = True) -> ChatContractError:
+def conflict(path: str, text: str, *, prefix: bool = True) -> HordeError:
     """400 ChatRequestConflict at ``path``; OpenAI's own messages are sent unprefixed."""
     if prefix:
         return path_error(400, RC.ChatRequestConflict, path, text)
-    return ChatContractError(400, RC.ChatRequestConflict, text, path)
+    return HordeError(400, RC.ChatRequestConflict, text, path)
 
 
 def _refuse_json_constant(name: str) -> None:
@@ -172,27 +195,30 @@ def load_json_body(raw: bytes | str, *, refuse_nul: bool = True) -> object:
     a number too large for a float, such as ``1e400``), or holds a lone UTF-16 surrogate escape (``"\\ud800"``),
     which no UTF-8 store or peer can encode. With ``refuse_nul``, a NUL character anywhere (raw or escaped as
     ``\\u0000``) raises 400 NulByteInPayload, as upstream does, since PostgreSQL cannot store it in text or
-    JSONB. Spec: chat-front.md *Request keys*; ai-horde-text-path.md §1 (error bodies).
+    JSONB. See docs/openai-front.md#requests; docs/native-api.md#text-route (error bodies).
     """
     import json
 
     try:
         text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
     except UnicodeDecodeError:
-        raise ChatContractError(400, RC.BadRequest, "The request body is not UTF-8 JSON.", None) from None
-    nul = ChatContractError(400, RC.NulByteInPayload, "The request body contains a NUL character.", None)
+        raise HordeError(400, RC.BadRequest, "The request body is not UTF-8 JSON.", None) from None
+    nul = HordeError(400, RC.NulByteInPayload, "The request body contains a NUL character.", None)
     if refuse_nul and "\x00" in text:
         raise nul
     try:
         value = json.loads(text, parse_constant=_refuse_json_constant, parse_float=_finite_float)
     except (ValueError, RecursionError):
-        raise ChatContractError(400, RC.BadRequest, "The request body is not valid JSON.", None) from None
+        raise HordeError(400, RC.BadRequest, "The request body is not valid JSON.", None) from None
     # The escaped forms are rare; only then walk the parsed value (an escaped backslash is neither).
     if refuse_nul and "\\u0000" in text and _find_string(value, _has_nul):
         raise nul
     if ("\\ud" in text or "\\uD" in text) and _find_string(value, _has_lone_surrogate):
-        raise ChatContractError(
-            400, RC.BadRequest, "The request body holds a lone UTF-16 surrogate, which is not valid Unicode.", None
+        raise HordeError(
+            400,
+            RC.BadRequest,
+            "The request body holds a lone UTF-16 surrogate, which is not valid Unicode.",
+            None,
         )
     return value
 

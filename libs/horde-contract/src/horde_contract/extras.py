@@ -1,7 +1,7 @@
 """Stored and dispatched chat extras, and the chat job payload.
 
-Spec: chat-requests.md *Tools* (build_chat_extras), *Streaming progress* (the stream hint), *Chat job pop
-response* (build_worker_chat_extras narrowing, sampling defaults, build_chat_job_payload).
+See docs/native-api.md#tools (build_chat_extras), #progress (the stream hint),
+#chat-job-payload (build_worker_chat_extras narrowing, sampling defaults, build_chat_job_payload).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def build_chat_extras(
     ``tools`` is stored when non-empty; ``tool_choice`` (``none`` included) and ``parallel_tool_calls`` when
     sent beside tools; ``response_format`` when its type is ``json_object`` or ``json_schema``.
     Inputs are the validated values (``parse_chat_request`` refuses a tool choice without tools).
-    Spec: chat-requests.md *Tools*.
+    See docs/native-api.md#tools.
     """
     extras: dict[str, Any] = {}
     if tools:
@@ -45,7 +45,7 @@ def build_chat_extras(
 
 def build_stored_chat_extras(chat_extras: Mapping[str, Any] | None, *, stream: bool) -> dict[str, Any] | None:
     """The ``waiting_prompts.chat_extras`` column: the extras plus ``stream_progress: true`` for a streamed
-    request; None when neither applies. Spec: chat-requests.md *Streaming progress*.
+    request; None when neither applies. See docs/native-api.md#progress.
     """
     stored = dict(chat_extras) if chat_extras else {}
     if stream:
@@ -87,7 +87,7 @@ def build_worker_chat_extras(chat_extras: Mapping[str, Any] | None) -> dict[str,
     Under ``tool_choice`` none the tools, tool_choice and parallel_tool_calls are not sent; under a function
     choice only that function is sent in ``tools``, with ``tool_choice`` ``"required"``; auto and required
     (and an absent choice) are sent as stored. The stream hint is left out (see ``build_chat_job_payload``).
-    Spec: chat-requests.md *Chat job pop response*.
+    See docs/native-api.md#chat-job-payload.
     """
     out: dict[str, Any] = {}
     if not chat_extras:
@@ -126,7 +126,7 @@ def build_chat_job_payload(
     CHAT_SAMPLING_DEFAULTS: temperature 1.0, top_p 1.0, penalties 0, rep_pen 1.0, top_k 0, min_p 0);
     stop_sequence, seed and reasoning_effort only when sent; max_length and max_context_length the validated
     budgets (tokens); ``n`` 1; the narrowed tool keys; ``stream_progress: true`` when the stored extras carry
-    the hint. No prompt. Spec: chat-requests.md *Chat job pop response*, *Streaming progress*.
+    the hint. No prompt. See docs/native-api.md#chat-job-payload, #progress.
     """
     payload: dict[str, Any] = {}
     if messages_url is not None:

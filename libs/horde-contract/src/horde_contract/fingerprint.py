@@ -1,6 +1,6 @@
 """The operation fingerprint of a chat request.
 
-Spec: chat-requests.md *Operation key*.
+See docs/native-api.md#operation-key.
 """
 
 from __future__ import annotations
@@ -56,6 +56,6 @@ def build_operation_fingerprint(request: ChatRequest) -> str:
 
     Equal for max_tokens and max_completion_tokens with one value, an option sent at its default and one
     left out, ``model: "a"`` and ``models: ["a"]``, and models in another order.
-    Spec: chat-requests.md *Operation key*.
+    See docs/native-api.md#operation-key.
     """
     return hashlib.sha256(canonical_json(operation_fingerprint_inputs(request))).hexdigest()

@@ -1,8 +1,8 @@
 """Limits and defaults of the chat contract, with the spec's names and values.
 
-Spec: chat-requests.md *Request body*, *Images*, *Tools*, *Refused keys and values*, *Flattened prompt*,
-*Chat job pop response*, *Job lease*, *Streaming progress*, *Structured submit*, *Pricing*, *Operation key*;
-ai-horde-text-path.md §1 (text params ranges) and §14 (max_length 16–16384).
+See docs/native-api.md#request-body, #images, #tools, #refused-keys-and-values, #flattened-prompt,
+#chat-job-payload, #job-lease, #progress, #submit, #pricing, #operation-key;
+docs/native-api.md#text-route (text params ranges) and #text-route (max_length 16–16384).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ CHAT_IMAGE_PLACEHOLDER: Final = "[image]"
 CHAT_IMAGE_REFERENCE_SCHEME: Final = "horde-r2://"
 EXTRA_SOURCE_IMAGE_HORDE_TAX: Final = 5
 MIN_CHAT_IMAGE_URL_SECONDS: Final = 600
-# The public image fetch under attack (issue 9, item 5): only the standard web ports, an http(s) URL of at
+# The public image fetch under attack: only the standard web ports, an http(s) URL of at
 # most 8 KiB (what common servers accept), 10 s for one URL with its redirects (each connect and read still
 # times out after 2 s), 20 s for all of a request's images, fetched and decoded (the front waits 30 s for the
 # native answer), and the formats the decoder opens (what OpenAI accepts; a GIF or WebP gives its first frame).
@@ -84,7 +84,7 @@ CHAT_SAMPLING_DEFAULTS: Final = MappingProxyType(
 # The native chat penalty range (the text params model does not know the penalties).
 CHAT_PENALTY_RANGE: Final = (-2.0, 2.0)
 
-# Text params (upstream ranges; max_length widened to 16–16384 for this project, ai-horde-text-path §14)
+# Text params (upstream ranges; max_length widened to 16–16384 for this project, docs/native-api.md#text-route)
 TEXT_MAX_LENGTH_RANGE: Final = (16, 16384)
 TEXT_MAX_CONTEXT_LENGTH_RANGE: Final = (80, 1_048_576)
 TEXT_DEFAULT_MAX_LENGTH: Final = 80
@@ -92,7 +92,7 @@ TEXT_DEFAULT_MAX_CONTEXT_LENGTH: Final = 2048
 MAX_TEXT_STOP_SEQUENCES: Final = 128
 MAX_TEXT_STOP_SEQUENCE_CHARS: Final = 2000
 MIN_SAMPLER_ORDER_VALUES: Final = 7
-# Legacy text route bounds (issue 9, item 4). Upstream bounds neither the prompt nor the request's lists; these
+# Legacy text route bounds. Upstream bounds neither the prompt nor the request's lists; these
 # follow its worker-side model bounds (a pop keeps at most 200 models of at most 255 characters) and the chat
 # text allowance (a prompt of 1 MiB is about 262,000 tokens, beyond every worker's context). Only the first
 # MAX_TEXT_WORKERS_KEPT worker ids of a text request are kept, as upstream; a longer list is refused past
@@ -138,7 +138,7 @@ CHAT_PROGRESS_BYTES_PER_TOKEN: Final = 16
 CHAT_PROGRESS_STREAM_TTL_SECONDS: Final = 900
 CHAT_PROGRESS_STREAM_MAX_ENTRIES: Final = 4000
 
-# Request body bounds per route (issue 9, bounded parsing): bytes, and the JSON structure the body reader
+# Request body bounds per route (bounded parsing): bytes, and the JSON structure the body reader
 # (horde_core.body) checks before json builds any object. An element is one `[`, `{` or `,` outside strings,
 # so a body builds at most about two Python objects per element (a few hundred bytes at most), whatever its
 # bytes: `[{},{},…]` would otherwise grow about 25 times its size in memory. Every legal body fits with room.
@@ -177,90 +177,3 @@ ONLINE_WORKER_SECONDS: Final = 300
 OPERATION_FINGERPRINT_EXCLUDED_HORDE_KEYS: Final = frozenset(
     {"availability_mode", "dry_run", "include_reasoning", "max_kudos", "operation_key"}
 )
-
-__all__ = [
-    "CHARS_PER_TOKEN",
-    "CHAT_CHARGE_BASIS_OUTPUT_ESTIMATE",
-    "CHAT_IMAGE_FETCH_DEADLINE_SECONDS",
-    "CHAT_IMAGE_FETCH_PORTS",
-    "CHAT_IMAGE_FORMATS",
-    "CHAT_IMAGE_JPEG_QUALITY",
-    "CHAT_IMAGE_MAX_SIDE",
-    "CHAT_IMAGE_PLACEHOLDER",
-    "CHAT_IMAGE_PROMPT_TOKENS",
-    "CHAT_IMAGE_REFERENCE_SCHEME",
-    "CHAT_IMAGE_STAGE_DEADLINE_SECONDS",
-    "CHAT_MESSAGES_OFFLOAD_BYTES_DEFAULT",
-    "CHAT_MESSAGES_URL_SECONDS",
-    "CHAT_PENALTY_RANGE",
-    "CHAT_PROGRESS_BYTES_PER_TOKEN",
-    "CHAT_PROGRESS_LEASE_GRACE_SECONDS",
-    "CHAT_PROGRESS_STREAM_MAX_ENTRIES",
-    "CHAT_PROGRESS_STREAM_TTL_SECONDS",
-    "CHAT_REQUEST_EXPIRY_SECONDS",
-    "CHAT_SAMPLING_DEFAULTS",
-    "CHAT_STREAM_PROGRESS_KEY",
-    "CHAT_TOOL_NAME_PATTERN",
-    "DEFAULT_CHAT_MAX_TOKENS",
-    "EXTRA_SOURCE_IMAGE_HORDE_TAX",
-    "FAULTED_GENERATIONS_LIMIT",
-    "KIB",
-    "MAX_CHAT_BODY_BYTES",
-    "MAX_CHAT_BODY_ELEMENTS",
-    "MAX_CHAT_FAULT_REASON_LENGTH",
-    "MAX_CHAT_IMAGE_BYTES",
-    "MAX_CHAT_IMAGE_COUNT",
-    "MAX_CHAT_IMAGE_PIXELS",
-    "MAX_CHAT_IMAGE_TOTAL_BYTES",
-    "MAX_CHAT_IMAGE_TOTAL_BYTES_UNTRUSTED",
-    "MAX_CHAT_IMAGE_URL_LENGTH",
-    "MAX_CHAT_MAX_TOKENS",
-    "MAX_CHAT_MESSAGE_COUNT",
-    "MAX_CHAT_MODEL_COUNT",
-    "MAX_CHAT_NATIVE_FINISH_REASON_LENGTH",
-    "MAX_CHAT_PROGRESS_ENTRIES",
-    "MAX_CHAT_REPORTED_TOKENS",
-    "MAX_CHAT_SCHEMA_NESTING",
-    "MAX_CHAT_TEXT_BYTES",
-    "MAX_CHAT_TOOL_CALL_COUNT",
-    "MAX_CHAT_TOOL_CALL_ID_LENGTH",
-    "MAX_CHAT_TOOL_COUNT",
-    "MAX_CHAT_TOOL_NAME_LENGTH",
-    "MAX_CHAT_TOOL_SPEC_BYTES",
-    "MAX_CHAT_WORKER_IDS",
-    "MAX_JSON_BODY_DEPTH",
-    "MAX_MODEL_NAME_LENGTH",
-    "MAX_POP_BODY_BYTES",
-    "MAX_POP_BODY_ELEMENTS",
-    "MAX_POP_PRIORITY_USERNAMES",
-    "MAX_PROGRESS_BODY_BYTES",
-    "MAX_PROGRESS_BODY_ELEMENTS",
-    "MAX_SUBMIT_BODY_BYTES",
-    "MAX_SUBMIT_BODY_ELEMENTS",
-    "MAX_TEXT_MODEL_COUNT",
-    "MAX_TEXT_PARAMS_BYTES",
-    "MAX_TEXT_PROMPT_BYTES",
-    "MAX_TEXT_STOP_SEQUENCES",
-    "MAX_TEXT_STOP_SEQUENCE_CHARS",
-    "MAX_TEXT_WORKERS_KEPT",
-    "MAX_TEXT_WORKER_IDS",
-    "MAX_WORKER_ID_LENGTH",
-    "MIB",
-    "MIN_CHARGED_TOKENS",
-    "MIN_CHAT_IMAGE_URL_SECONDS",
-    "MIN_CHAT_MAX_TOKENS",
-    "MIN_SAMPLER_ORDER_VALUES",
-    "ONLINE_WORKER_SECONDS",
-    "OPENAI_MAX_STOP_SEQUENCES",
-    "OPENAI_SAMPLING_RANGES",
-    "OPERATION_FINGERPRINT_EXCLUDED_HORDE_KEYS",
-    "TEXT_DEFAULT_MAX_CONTEXT_LENGTH",
-    "TEXT_DEFAULT_MAX_LENGTH",
-    "TEXT_JOB_LEASE_SECONDS",
-    "TEXT_JOB_PREPARATION_SECONDS",
-    "TEXT_MAX_CONTEXT_LENGTH_RANGE",
-    "TEXT_MAX_LENGTH_RANGE",
-    "TRUSTED_TEXT_JOB_LEASE_CAP_SECONDS",
-    "UNMEASURED_TEXT_WORKER_TOKENS_PER_SECOND",
-    "UNTRUSTED_TEXT_JOB_LEASE_CAP_SECONDS",
-]

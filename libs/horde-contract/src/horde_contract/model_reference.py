@@ -1,7 +1,7 @@
 """The text model reference as the Horde reads it: which model names are known and their size.
 
-Text path §10 (``horde/model_reference.py``, the text-model-reference ``convert.py``); spec: chat-requests.md
-**Known models** and **Pricing**. Pure: the caller reads the upstream ``db.json`` mapping
+docs/native-api.md#model-reference (``horde/model_reference.py``, the text-model-reference ``convert.py``); see docs/native-api.md
+#known-models and #pricing. Pure: the caller reads the upstream ``db.json`` mapping
 (``{"org/name": {"name": ..., "parameters": 7000000000, ...}, ...}``) and hands it to
 :meth:`TextModelReference.from_mapping`.
 

@@ -1,6 +1,6 @@
 """Progress posts and the job lease as pure rules.
 
-Spec: chat-requests.md *Streaming progress* (body, refusals, caps) and *Job lease* (renewal, caps, the
+See docs/native-api.md#progress (body, refusals, caps) and #job-lease (renewal, caps, the
 speed gate).
 """
 
@@ -10,7 +10,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import RC, ChatContractError
+from ._json_values import utf8_len
+from .errors import RC, HordeError
 from .limits import (
     CHAT_PROGRESS_BYTES_PER_TOKEN,
     TEXT_JOB_LEASE_SECONDS,
@@ -19,10 +20,6 @@ from .limits import (
     UNMEASURED_TEXT_WORKER_TOKENS_PER_SECOND,
     UNTRUSTED_TEXT_JOB_LEASE_CAP_SECONDS,
 )
-
-
-def _utf8_len(text: str) -> int:
-    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,21 +35,21 @@ class ChatProgress:
     @property
     def delta_bytes(self) -> int:
         """UTF-8 bytes of content and reasoning together."""
-        return _utf8_len(self.content) + _utf8_len(self.reasoning_content or "")
+        return utf8_len(self.content) + utf8_len(self.reasoning_content or "")
 
 
-def _bad(param: str, text: str) -> ChatContractError:
-    return ChatContractError(400, RC.BadRequest, f"'{param}': {text}", param, openai_message=text)
+def _bad(param: str, text: str) -> HordeError:
+    return HordeError(400, RC.BadRequest, f"'{param}': {text}", param, openai_message=text)
 
 
 def parse_progress_body(body: Any) -> ChatProgress:
     """Validate ``POST /v2/generate/text/progress``: ``{id, seq, delta: {content, reasoning_content?}}``.
 
     Raises 400 BadRequest for a wrong type, a seq below 1, and a delta whose content and reasoning_content
-    are both empty or absent. Spec: chat-requests.md *Streaming progress*.
+    are both empty or absent. See docs/native-api.md#progress.
     """
     if not isinstance(body, dict):
-        raise ChatContractError(400, RC.BadRequest, "The progress body has to be a JSON object.", None)
+        raise HordeError(400, RC.BadRequest, "The progress body has to be a JSON object.", None)
     job_id = body.get("id")
     if not isinstance(job_id, str) or not job_id:
         raise _bad("id", "has to be the generation id (a string).")
@@ -78,52 +75,54 @@ def progress_byte_cap(max_length: int) -> int:
     return CHAT_PROGRESS_BYTES_PER_TOKEN * max_length
 
 
-def progress_out_of_sequence_error(expected_seq: int) -> ChatContractError:
-    """409 ChatProgressOutOfSequence; the body adds ``expected_seq``."""
-    return ChatContractError(
+def progress_out_of_sequence_error(seq: int, expected_seq: int | None) -> HordeError:
+    """409 ChatProgressOutOfSequence for the post ``seq``; the body adds ``expected_seq``."""
+    return HordeError(
         409,
         RC.ChatProgressOutOfSequence,
-        f"seq is not the next one, or repeats the last one with other content; expected {expected_seq}.",
+        f"seq {seq} is out of sequence; the next post of this generation is seq {expected_seq}.",
         "seq",
         {"expected_seq": expected_seq},
     )
 
 
-def progress_cap_reached_error() -> ChatContractError:
-    """413 ChatProgressCapReached: stop posting, still submit."""
-    return ChatContractError(
-        413,
-        RC.ChatProgressCapReached,
-        "The generation reached its progress entry or byte cap. Stop posting; still submit the reply.",
-        None,
+def progress_cap_reached_error(*, post_too_large: bool = False) -> HordeError:
+    """413 ChatProgressCapReached: stop posting, still submit. ``post_too_large``: the post alone is larger than
+    any generation's cap (refused while its body is read)."""
+    what = (
+        "This post is larger than any generation's progress cap"
+        if post_too_large
+        else ("This generation reached its progress cap")
+    )
+    return HordeError(
+        413, RC.ChatProgressCapReached, f"{what}. Stop posting progress; still submit the reply.", None
     )
 
 
-def progress_not_streaming_error() -> ChatContractError:
-    """404 ChatProgressNotStreaming: no lease, stored and not faulted. Stop posting; still submit."""
-    return ChatContractError(
+def progress_not_streaming_error(gen_id: str) -> HordeError:
+    """404 ChatProgressNotStreaming: no lease, stored and not aborted. Stop posting; still submit."""
+    return HordeError(
         404,
         RC.ChatProgressNotStreaming,
-        "The generation is not streaming progress (not streamed, already submitted or past its lease). "
-        "Stop posting; still submit the reply.",
+        f"Generation {gen_id} does not stream progress. Stop posting progress; still submit the reply.",
         None,
     )
 
 
-def chat_job_aborted_error() -> ChatContractError:
-    """404 ChatJobAborted: no lease and faulted or not stored. Stop generating; do not submit."""
-    return ChatContractError(
+def chat_job_aborted_error(gen_id: str) -> HordeError:
+    """404 ChatJobAborted: the generation is faulted, gone, or its request expired. Stop generating; do not
+    submit."""
+    return HordeError(
         404,
         RC.ChatJobAborted,
-        "The job was aborted (its lease lapsed, or its request was cancelled or expired). Stop generating; "
-        "do not submit.",
+        f"Generation {gen_id} was aborted. Stop generating and do not submit it.",
         None,
     )
 
 
-def progress_unavailable_error() -> ChatContractError:
-    """503 ChatProgressUnavailable: Redis could not be reached."""
-    return ChatContractError(503, RC.ChatProgressUnavailable, "Progress cannot be recorded right now.", None)
+def progress_unavailable_error() -> HordeError:
+    """503 ChatProgressUnavailable: the progress store cannot be reached."""
+    return HordeError(503, RC.ChatProgressUnavailable, "The progress store cannot be reached.", None)
 
 
 def text_job_lease_cap(*, trusted: bool) -> int:
@@ -134,7 +133,7 @@ def text_job_lease_cap(*, trusted: bool) -> int:
 def renewed_job_ttl(*, started: float, now: float, current_ttl: int, trusted: bool) -> int:
     """The job_ttl (seconds from ``started``, the pop) after an appended post at ``now``: the lease ends
     TEXT_JOB_LEASE_SECONDS after the post, rounded up to whole seconds, never before it ended already and
-    never past the owner's cap. Spec: chat-requests.md *Job lease*.
+    never past the owner's cap. See docs/native-api.md#job-lease.
     """
     wanted = math.ceil(now - started + TEXT_JOB_LEASE_SECONDS)
     return max(current_ttl, min(wanted, text_job_lease_cap(trusted=trusted)))

@@ -1,22 +1,18 @@
 """The flattened prompt, its token estimate, and truncate_oldest.
 
-Spec: chat-requests.md *Flattened prompt*, *Context adjustments*.
+See docs/native-api.md#flattened-prompt, #context-adjustments.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .errors import RC, ChatContractError
+from ._json_values import compact_json
+from .errors import RC, HordeError
 from .limits import CHARS_PER_TOKEN, CHAT_IMAGE_PLACEHOLDER, CHAT_IMAGE_PROMPT_TOKENS
 from .vocab import ChatContextAdjustmentReason
-
-
-def _compact(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 def _message_line(message: Mapping[str, Any]) -> tuple[str, int]:
@@ -35,7 +31,7 @@ def _message_line(message: Mapping[str, Any]) -> tuple[str, int]:
                 pieces.append(part.get("text", ""))
     calls = message.get("tool_calls")
     if calls:
-        pieces.append(_compact(calls))
+        pieces.append(compact_json(calls))
     return f"{message.get('role')}: " + "\n".join(pieces), images
 
 
@@ -43,11 +39,11 @@ def flatten_messages(messages: Sequence[Mapping[str, Any]], tools: list[dict[str
     """The prompt column: each message as ``role: text`` (parts joined by newlines, an image part as
     ``[image]``, an assistant's tool_calls as compact JSON after its text, a tool message as ``tool: text``),
     messages joined by newlines, then the compact JSON of ``tools`` when there are any. The response format
-    schema is not part of it. Spec: chat-requests.md *Flattened prompt*.
+    schema is not part of it. See docs/native-api.md#flattened-prompt.
     """
     lines = [_message_line(message)[0] for message in messages]
     if tools:
-        lines.append(_compact(tools))
+        lines.append(compact_json(tools))
     return "\n".join(lines)
 
 
@@ -66,12 +62,12 @@ def estimate_chat_prompt_tokens(
     messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None = None
 ) -> int:
     """Prompt tokens of a chat request: the estimate of the flattened text plus CHAT_IMAGE_PROMPT_TOKENS (512)
-    per image part. Spec: chat-requests.md *Flattened prompt*.
+    per image part. See docs/native-api.md#flattened-prompt.
     """
     lines = [_message_line(message) for message in messages]
     chars = sum(len(line) for line, _ in lines) + max(len(lines) - 1, 0)
     if tools:
-        chars += len(_compact(tools)) + (1 if lines else 0)
+        chars += len(compact_json(tools)) + (1 if lines else 0)
     return estimate_text_tokens(chars) + CHAT_IMAGE_PROMPT_TOKENS * sum(images for _, images in lines)
 
 
@@ -82,7 +78,7 @@ def chat_turns(messages: Sequence[Mapping[str, Any]]) -> tuple[list[list[int]], 
     is a user message with the assistant message right after it, or an assistant message carrying tool_calls
     with the tool messages answering it (an assistant following a user takes its tool messages along, so a
     turn never leaves a tool message without its call); any other message is a turn by itself.
-    Spec: chat-requests.md *Context adjustments*.
+    See docs/native-api.md#context-adjustments.
     """
     last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=len(messages))
     kept = {i for i, m in enumerate(messages) if m.get("role") in ("system", "developer") or i >= last_user}
@@ -109,9 +105,9 @@ def chat_turns(messages: Sequence[Mapping[str, Any]]) -> tuple[list[list[int]], 
     return turns, kept
 
 
-def prompt_exceeds_context_error(estimate: int, max_prompt_tokens: int) -> ChatContractError:
+def prompt_exceeds_context_error(estimate: int, max_prompt_tokens: int) -> HordeError:
     """400 PromptExceedsContext: the messages' estimate does not fit the prompt budget (tokens)."""
-    return ChatContractError(
+    return HordeError(
         400,
         RC.PromptExceedsContext,
         f"The messages are estimated at {estimate} prompt tokens, above the {max_prompt_tokens} tokens the "
@@ -135,13 +131,13 @@ def truncate_oldest(
     kept ones in order and ``{"from": estimate before, "to": estimate after, "reason": "truncate_oldest",
     "dropped_messages": n}``. System/developer messages, the latest user message and everything after it are
     never dropped. When even dropping every turn does not fit: raises 400 PromptExceedsContext (``refuse``)
-    or returns the fewest messages it can keep. Spec: chat-requests.md *Context adjustments*.
+    or returns the fewest messages it can keep. See docs/native-api.md#context-adjustments.
     """
     lines = [_message_line(message) for message in messages]
     # Size of the flattened prompt: lines joined by newlines, then the tools JSON on its own line.
     chars = sum(len(line) for line, _ in lines) + len(lines) - 1
     if tools:
-        chars += len(_compact(tools)) + 1
+        chars += len(compact_json(tools)) + 1
     images = sum(count for _, count in lines)
     before = estimate_text_tokens(max(chars, 0)) + CHAT_IMAGE_PROMPT_TOKENS * images
     if before <= max_prompt_tokens:

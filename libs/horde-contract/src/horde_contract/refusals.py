@@ -1,9 +1,12 @@
 """Builders for the refusals the services raise around the contract, so each message is written in one place.
 
-Spec: chat-requests.md *Routes* (413 RequestTooLarge, 503 ChatAdmissionDisabled), *Operation key*,
-*Images* (per-image and total caps, fetch refusals, storage), *Request body* (horde.max_kudos),
-*Structured submit* (ChatModelMismatch), *Refusal record* (MAX_CHAT_FAULT_REASON_LENGTH),
-*Context adjustments* (entries); chat-front.md *Kudos cap* (KUDOS_CAP_EXCESS_PATTERN).
+The API key refusals (InvalidAPIKey, DeletedUser, WrongCredentials) and WorkerNotFound are the ones every
+native service's authentication and worker lookups raise.
+
+See docs/native-api.md#routes (413 RequestTooLarge, 503 ChatAdmissionDisabled), #operation-key,
+#images (per-image and total caps, fetch refusals, storage), #request-body (horde.max_kudos),
+#submit (ChatModelMismatch), #refusal-record (MAX_CHAT_FAULT_REASON_LENGTH),
+#context-adjustments (entries); docs/openai-front.md#kudos-cap (KUDOS_CAP_EXCESS_PATTERN).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import math
 import re
 from typing import Any
 
-from .errors import RC, ChatContractError, path_error
+from .errors import RC, HordeError, path_error
 from .limits import (
     MAX_CHAT_BODY_BYTES,
     MAX_CHAT_FAULT_REASON_LENGTH,
@@ -24,29 +27,60 @@ from .limits import (
 )
 from .vocab import ChatContextAdjustmentReason
 
-# The front reads both numbers back from the native message (chat-front.md *Kudos cap*).
+# The front reads both numbers back from the native message (docs/openai-front.md#kudos-cap).
 KUDOS_CAP_EXCESS_PATTERN = re.compile(
     r"kudos estimate at current pricing is (?P<kudos_estimate>\d+), above its horde\.max_kudos of (?P<max_kudos>\d+)\."
 )
 
 
-def request_too_large_error() -> ChatContractError:
+# The API key refusals every native route shares; the submit and progress routes' InvalidAPIKey names the
+# register page, as upstream's does.
+INVALID_API_KEY_MESSAGE = "No user matching sent API Key. Have you remembered to register?"
+WORKER_INVALID_API_KEY_MESSAGE = (
+    "No user matching sent API Key. Have you remembered to register at https://stablehorde.net/register ?"
+)
+WRONG_CREDENTIALS_MESSAGE = "Wrong credentials to submit as this worker."
+
+
+def invalid_api_key_error(*, register_page: bool = False) -> HordeError:
+    """401 InvalidAPIKey: a missing or unknown key (``register_page``: the worker submit's wording)."""
+    return HordeError(
+        401, RC.InvalidAPIKey, WORKER_INVALID_API_KEY_MESSAGE if register_page else INVALID_API_KEY_MESSAGE
+    )
+
+
+def deleted_user_error() -> HordeError:
+    """403 DeletedUser: the key's user was deleted."""
+    return HordeError(403, RC.DeletedUser, "This user has been deleted.")
+
+
+def wrong_credentials_error() -> HordeError:
+    """403 WrongCredentials: the key is not the key of the worker's owner."""
+    return HordeError(403, RC.WrongCredentials, WRONG_CREDENTIALS_MESSAGE)
+
+
+def worker_not_found_error(worker: str) -> HordeError:
+    """404 WorkerNotFound for ``worker`` (an id or a name, quoted in upstream's message)."""
+    return HordeError(404, RC.WorkerNotFound, f"Worker with ID '{worker}' not found.")
+
+
+def request_too_large_error() -> HordeError:
     """413 RequestTooLarge: the body is above MAX_CHAT_BODY_BYTES (checked before parsing)."""
-    return ChatContractError(
+    return HordeError(
         413, RC.RequestTooLarge, f"The request body is larger than {MAX_CHAT_BODY_BYTES} bytes.", None
     )
 
 
-def chat_admission_disabled_error() -> ChatContractError:
+def chat_admission_disabled_error() -> HordeError:
     """503 ChatAdmissionDisabled: HORDE_CHAT_ADMISSION_ENABLED is false."""
-    return ChatContractError(
+    return HordeError(
         503, RC.ChatAdmissionDisabled, "This horde is not accepting new chat requests at the moment.", None
     )
 
 
-def operation_key_conflict_error() -> ChatContractError:
+def operation_key_conflict_error() -> HordeError:
     """400 OperationKeyConflict: the operation key was claimed by a request with another fingerprint."""
-    return ChatContractError(
+    return HordeError(
         400,
         RC.OperationKeyConflict,
         "'horde.operation_key': this key already identifies a different request.",
@@ -55,10 +89,10 @@ def operation_key_conflict_error() -> ChatContractError:
     )
 
 
-def kudos_cap_exceeded_error(estimate: float, cap: int) -> ChatContractError:
+def kudos_cap_exceeded_error(estimate: float, cap: int) -> HordeError:
     """400 ChatKudosCapExceeded: the kudos estimate (rounded up) is above horde.max_kudos; the message
     matches KUDOS_CAP_EXCESS_PATTERN."""
-    return ChatContractError(
+    return HordeError(
         400,
         RC.ChatKudosCapExceeded,
         f"The request's kudos estimate at current pricing is {math.ceil(estimate)}, above its horde.max_kudos of "
@@ -67,7 +101,7 @@ def kudos_cap_exceeded_error(estimate: float, cap: int) -> ChatContractError:
     )
 
 
-def too_many_images_error(count: int) -> ChatContractError:
+def too_many_images_error(count: int) -> HordeError:
     """400 TooManyExtraSourceImages: more than MAX_CHAT_IMAGE_COUNT image parts."""
     return path_error(
         400,
@@ -77,7 +111,7 @@ def too_many_images_error(count: int) -> ChatContractError:
     )
 
 
-def source_image_size_error(path: str, size: int) -> ChatContractError:
+def source_image_size_error(path: str, size: int) -> HordeError:
     """400 SourceImageSizeExceeded for one image over MAX_CHAT_IMAGE_BYTES (decoded or fetched bytes)."""
     return path_error(
         400,
@@ -87,12 +121,12 @@ def source_image_size_error(path: str, size: int) -> ChatContractError:
     )
 
 
-def source_image_total_error(total: int, cap: int, *, encoded: bool = False) -> ChatContractError:
+def source_image_total_error(total: int, cap: int, *, encoded: bool = False) -> HordeError:
     """400 SourceImageSizeExceeded for the images' total; the message states the total reached and the cap
-    (``encoded``: the stored JPEGs passed it). Spec: chat-requests.md *Images*.
+    (``encoded``: the stored JPEGs passed it). See docs/native-api.md#images.
     """
     what = "The request's images encode to" if encoded else "The request's images total"
-    return ChatContractError(
+    return HordeError(
         400,
         RC.SourceImageSizeExceeded,
         f"{what} {total} bytes, above the cap of {cap} bytes.",
@@ -114,12 +148,12 @@ def check_image_total(total: int, *, trusted: bool, encoded: bool = False) -> No
 
 def source_image_resolution_error(
     path: str, width: int | None = None, height: int | None = None, *, pixels: int | None = None
-) -> ChatContractError:
+) -> HordeError:
     """400 SourceImageResolutionExceeded: more than MAX_CHAT_IMAGE_PIXELS, read from the header.
 
     The message states ``width``x``height`` when both are known; otherwise the pixel count ``pixels`` (as
     from a decoder's decompression-bomb guard, which reports only the count) or that the image is larger than
-    the cap. Spec: chat-requests.md *Images*.
+    the cap. See docs/native-api.md#images.
     """
     cap = f"at most {MAX_CHAT_IMAGE_PIXELS} pixels (3072x3072) are allowed."
     if width is not None and height is not None:
@@ -131,15 +165,15 @@ def source_image_resolution_error(
     return path_error(400, RC.SourceImageResolutionExceeded, path, f"{size}; {cap}")
 
 
-def source_image_unreadable_error(path: str) -> ChatContractError:
+def source_image_unreadable_error(path: str) -> HordeError:
     """400 SourceImageUnreadable: the bytes are not a readable image."""
     return path_error(400, RC.SourceImageUnreadable, path, "the image cannot be read.")
 
 
-def source_image_url_refused_error(path: str, reason: str | None = None) -> ChatContractError:
+def source_image_url_refused_error(path: str, reason: str | None = None) -> HordeError:
     """400 SourceImageUrlRefused: the URL (or a redirect) resolves to an address the Horde does not fetch, or
     names a port other than the standard web ports (CHAT_IMAGE_FETCH_PORTS); ``reason`` replaces the default
-    text (issue 9: the port refusal says so)."""
+    text (the port refusal says so)."""
     return path_error(
         400,
         RC.SourceImageUrlRefused,
@@ -151,18 +185,18 @@ def source_image_url_refused_error(path: str, reason: str | None = None) -> Chat
 
 def source_image_url_invalid_error(
     path: str, status: int | None = None, reason: str | None = None
-) -> ChatContractError:
+) -> HordeError:
     """400 SourceImageUrlInvalid: the URL did not answer 200; with ``reason``, the URL is malformed, cannot be
-    encoded as ASCII, sent a compressed body or did not answer in time (issue 9), and ``reason`` says which."""
+    encoded as ASCII, sent a compressed body or did not answer in time, and ``reason`` says which."""
     if reason is not None:
         return path_error(400, RC.SourceImageUrlInvalid, path, reason)
     answer = f"HTTP {status}" if status is not None else "no usable answer"
     return path_error(400, RC.SourceImageUrlInvalid, path, f"the image URL answered with {answer}.")
 
 
-def chat_image_storage_unavailable_error() -> ChatContractError:
+def chat_image_storage_unavailable_error() -> HordeError:
     """503 ChatImageStorageUnavailable: storing the images or messages failed; nothing was charged."""
-    return ChatContractError(
+    return HordeError(
         503,
         RC.ChatImageStorageUnavailable,
         "The request's images could not be stored; try again later. Nothing was charged.",
@@ -170,7 +204,7 @@ def chat_image_storage_unavailable_error() -> ChatContractError:
     )
 
 
-def chat_model_mismatch_error(model_id: str, assigned: str | None) -> ChatContractError:
+def chat_model_mismatch_error(model_id: str, assigned: str | None) -> HordeError:
     """400 ChatModelMismatch: a submit's model_id is not the generation's assigned model."""
     return path_error(
         400,

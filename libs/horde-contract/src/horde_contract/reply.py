@@ -1,7 +1,7 @@
 """Submit bodies, reply verification, the stored reply and its charge.
 
-Spec: chat-requests.md *Structured submit*, *Reasoning*, *Reply verification*, *Worker fault reasons*,
-*Pricing*; ai-horde-text-path.md §4 (the text submit body).
+See docs/native-api.md#submit, #reasoning, #reply-verification, #worker-fault-reasons,
+#pricing; docs/native-api.md#submit (the text submit body).
 """
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
-from .errors import RC, ChatContractError
+from ._json_values import is_int, utf8_len
+from .errors import RC, HordeError
 from .extras import forced_function_name
 from .limits import (
     CHAT_PROGRESS_BYTES_PER_TOKEN,
@@ -40,23 +41,24 @@ _COUNT_KEYS = ("prompt_tokens", "completion_tokens", "reasoning_tokens")
 _STATES = frozenset(ChatSubmitState.__members__)
 
 
-def _invalid(param: str | None, text: str) -> ChatContractError:
+def _invalid(param: str | None, text: str) -> HordeError:
     message = f"'{param}': {text}" if param else text
-    return ChatContractError(400, RC.ChatSubmitInvalid, message, param, openai_message=text)
+    return HordeError(400, RC.ChatSubmitInvalid, message, param, openai_message=text)
 
 
-def _nonconformant(param: str | None, text: str) -> ChatContractError:
+def submit_invalid(message: str, param: str | None = None) -> HordeError:
+    """400 ChatSubmitInvalid with ``message`` as it is (no path prefix) and ``param`` beside it."""
+    return HordeError(400, RC.ChatSubmitInvalid, message, param)
+
+
+def _nonconformant(param: str | None, text: str) -> HordeError:
     message = f"'{param}': {text}" if param else text
-    return ChatContractError(400, RC.ChatSubmitNonconformant, message, param, openai_message=text)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return HordeError(400, RC.ChatSubmitNonconformant, message, param, openai_message=text)
 
 
 @dataclass(frozen=True, slots=True)
 class TextSubmit:
-    """A text job's submit: ``{id, generation, state, seed, gen_metadata}`` (ai-horde-text-path.md §4)."""
+    """A text job's submit: ``{id, generation, state, seed, gen_metadata}`` (docs/native-api.md#submit)."""
 
     id: str
     generation: str
@@ -67,7 +69,7 @@ class TextSubmit:
 
 @dataclass(frozen=True, slots=True)
 class ChatSubmit:
-    """A chat job's structured submit (chat-requests.md *Structured submit*).
+    """A chat job's structured submit (docs/native-api.md#submit).
 
     ``message`` is the validated reply (None on a faulted submit); ``finish_reason`` as submitted; the
     counts are None when not reported; ``fault_reason`` is the worker's raw value (map it with
@@ -93,6 +95,10 @@ class ChatSubmit:
         return self.state == ChatSubmitState.faulted
 
 
+#: A parsed submit body: a chat reply or fault, or a text generation.
+SubmitBody: TypeAlias = ChatSubmit | TextSubmit
+
+
 def _parse_common(body: Mapping[str, Any], invalid: Any) -> tuple[str, str, int, list[dict[str, Any]]]:
     job_id = body.get("id")
     if not isinstance(job_id, str) or not job_id:
@@ -105,7 +111,7 @@ def _parse_common(body: Mapping[str, Any], invalid: Any) -> tuple[str, str, int,
     seed = body.get("seed", 0)
     if seed is None:
         seed = 0
-    if not _is_int(seed) or not -(2**63) <= seed < 2**63:
+    if not is_int(seed) or not -(2**63) <= seed < 2**63:
         raise invalid("seed", "has to be an integer of at most 64 bits.")
     metadata = body.get("gen_metadata") or []
     if not isinstance(metadata, list) or not all(isinstance(m, dict) for m in metadata):
@@ -161,7 +167,7 @@ def _parse_reply_message(raw: Any) -> dict[str, Any]:
     if reasoning is not None:
         if not isinstance(reasoning, str):
             raise _invalid("message.reasoning_content", "has to be a string.")
-        size = _utf8_size(reasoning)
+        size = utf8_len(reasoning)
         if size > MAX_CHAT_TEXT_BYTES:
             raise _invalid(
                 "message.reasoning_content",
@@ -171,7 +177,7 @@ def _parse_reply_message(raw: Any) -> dict[str, Any]:
     return out
 
 
-def parse_submit_body(body: Any) -> ChatSubmit | TextSubmit:
+def parse_submit_body(body: Any) -> SubmitBody:
     """Parse ``POST /v2/generate/text/submit``: a body carrying message, model_id, finish_reason or
     fault_reason is a :class:`ChatSubmit`, any other a :class:`TextSubmit`.
 
@@ -180,17 +186,17 @@ def parse_submit_body(body: Any) -> ChatSubmit | TextSubmit:
     model_id, native_finish_reason over 32 characters, counts outside 0–10,000,000, reasoning over
     MAX_CHAT_TEXT_BYTES. A text submit without a string generation raises 400 BadRequest. The service
     answers a text job's submit carrying message with ChatSubmitInvalid itself (it knows the job).
-    Spec: chat-requests.md *Structured submit*, *Reasoning*.
+    See docs/native-api.md#submit, #reasoning.
     """
     if not isinstance(body, dict):
-        raise ChatContractError(400, RC.BadRequest, "The submit body has to be a JSON object.", None)
+        raise HordeError(400, RC.BadRequest, "The submit body has to be a JSON object.", None)
     if not any(key in body for key in _CHAT_SUBMIT_MARKERS):
         job_id, state, seed, metadata = _parse_common(
-            body, lambda p, t: ChatContractError(400, RC.BadRequest, f"'{p}': {t}", p, openai_message=t)
+            body, lambda p, t: HordeError(400, RC.BadRequest, f"'{p}': {t}", p, openai_message=t)
         )
         generation = body.get("generation")
         if not isinstance(generation, str):
-            raise ChatContractError(
+            raise HordeError(
                 400, RC.BadRequest, "'generation': Missing required parameter 'generation'.", "generation"
             )
         return TextSubmit(id=job_id, generation=generation, state=state, seed=seed, gen_metadata=metadata)
@@ -207,7 +213,7 @@ def parse_submit_body(body: Any) -> ChatSubmit | TextSubmit:
     counts: dict[str, int | None] = {}
     for key in _COUNT_KEYS:
         value = body.get(key)
-        if value is not None and (not _is_int(value) or not 0 <= value <= MAX_CHAT_REPORTED_TOKENS):
+        if value is not None and (not is_int(value) or not 0 <= value <= MAX_CHAT_REPORTED_TOKENS):
             raise _invalid(key, f"has to be an integer from 0 to {MAX_CHAT_REPORTED_TOKENS}.")
         counts[key] = value
     native = body.get("native_finish_reason")
@@ -219,7 +225,9 @@ def parse_submit_body(body: Any) -> ChatSubmit | TextSubmit:
             f"has to be a string of at most {MAX_CHAT_NATIVE_FINISH_REASON_LENGTH} characters.",
         )
     if isinstance(native, str) and "\x00" in native:
-        native = native.replace("\x00", "\ufffd")  # stored like every submitted string (PostgreSQL has no NUL)
+        native = native.replace(
+            "\x00", "\ufffd"
+        )  # stored like every submitted string (PostgreSQL has no NUL)
     if state == ChatSubmitState.faulted:
         # The reply of a faulted job is discarded, so it is not checked.
         return ChatSubmit(
@@ -254,26 +262,22 @@ def parse_submit_body(body: Any) -> ChatSubmit | TextSubmit:
     )
 
 
-def _utf8_size(text: str) -> int:
-    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
-
-
 def max_reply_bytes(max_length: int) -> int:
     """The UTF-8 bytes a reply to a job of ``max_length`` tokens may take: CHAT_PROGRESS_BYTES_PER_TOKEN (16) per
     token, the same bound as the job's progress posts (a token decodes to a few characters of at most four
-    bytes). Spec: chat-requests.md *Streaming progress*; issue 9 item 3."""
+    bytes). See docs/native-api.md#progress."""
     return CHAT_PROGRESS_BYTES_PER_TOKEN * max(max_length, 0)
 
 
 def chat_reply_output_bytes(message: Mapping[str, Any]) -> int:
     """UTF-8 bytes of a chat reply's output as stored twice (generation and message): the content, and each tool
     call's id, function name and arguments. reasoning_content has its own bound (MAX_CHAT_TEXT_BYTES)."""
-    total = _utf8_size(message.get("content") or "")
+    total = utf8_len(message.get("content") or "")
     for call in message.get("tool_calls") or ():
         function = call.get("function") or {}
         for part in (call.get("id"), function.get("name"), function.get("arguments")):
             if isinstance(part, str):
-                total += _utf8_size(part)
+                total += utf8_len(part)
     return total
 
 
@@ -294,7 +298,7 @@ def check_chat_reply_size(message: Mapping[str, Any], max_length: int) -> None:
 def check_text_reply_size(generation: str, max_length: int) -> None:
     """400 ChatSubmitInvalid (param generation) when a text job's generation takes more UTF-8 bytes than
     :func:`max_reply_bytes` allows for the request's ``max_length`` (the same bound as a chat reply's)."""
-    size = _utf8_size(generation)
+    size = utf8_len(generation)
     cap = max_reply_bytes(max_length)
     if size > cap:
         raise _invalid(
@@ -331,7 +335,7 @@ def chat_reply_finish_reason(
     finish_reason: str, message: Mapping[str, Any], chat_extras: Mapping[str, Any] | None
 ) -> str:
     """The stored finish reason: as submitted, except a tool_calls finish with calls under a function
-    tool_choice is stored as stop (OpenAI finishes such a choice with stop). Spec: *Reply verification*.
+    tool_choice is stored as stop (OpenAI finishes such a choice with stop). See docs/native-api.md#reply-verification.
     """
     if (
         finish_reason == ChatFinishReason.tool_calls
@@ -378,7 +382,7 @@ def _check_schema(content: str, schema: Any, limits: SchemaLimits) -> None:
         )
 
 
-def _uncompilable(exc: SchemaUncompilable) -> ChatContractError:
+def _uncompilable(exc: SchemaUncompilable) -> HordeError:
     reason = f" ({exc})" if str(exc) else ""
     return _nonconformant(
         "response_format",
@@ -402,6 +406,67 @@ def reply_validates_schema(chat_extras: Mapping[str, Any] | None, conformance: s
     return bool((response_format.get("json_schema") or {}).get("strict"))
 
 
+def _check_calls_defined(calls: list[Any], extras: Mapping[str, Any]) -> None:
+    """400 ChatSubmitInvalid for a call to a function the request's tools do not define, or a repeated id."""
+    defined = {tool["function"]["name"] for tool in extras.get("tools") or ()}
+    seen_ids: set[str] = set()
+    for index, call in enumerate(calls):
+        name = call["function"]["name"]
+        if name not in defined:
+            raise _invalid(
+                f"message.tool_calls[{index}].function.name",
+                f"The reply calls the function '{name}', which the request does not define.",
+            )
+        if call["id"] in seen_ids:
+            raise _invalid(
+                f"message.tool_calls[{index}].id", f"The reply repeats the tool call id '{call['id']}'."
+            )
+        seen_ids.add(call["id"])
+
+
+def _check_tool_choice(calls: list[Any], choice: Any) -> None:
+    """400 ChatSubmitNonconformant for calls that break the request's ``tool_choice`` (strict only)."""
+    forced = forced_function_name(choice)
+    if choice == "none" and calls:
+        raise _nonconformant("message.tool_calls", "The reply calls a tool under tool_choice none.")
+    if choice == "required" and not calls:
+        raise _nonconformant(
+            "message.tool_calls", "The reply does not call a tool under tool_choice required."
+        )
+    if forced is not None:
+        if not calls:
+            raise _nonconformant(
+                "message.tool_calls",
+                f"The reply does not call the function '{forced}' the tool_choice forces.",
+            )
+        other = next((c["function"]["name"] for c in calls if c["function"]["name"] != forced), None)
+        if other is not None:
+            raise _nonconformant(
+                "message.tool_calls",
+                f"The reply calls '{other}' where the tool_choice forces '{forced}'.",
+            )
+
+
+def _check_response_format(content: Any, response_format: Any, schema_limits: SchemaLimits) -> None:
+    """400 ChatSubmitNonconformant for content that breaks the request's ``response_format`` (strict only)."""
+    if not isinstance(response_format, Mapping):
+        return
+    kind = response_format.get("type")
+    spec = response_format.get("json_schema") if kind == "json_schema" else None
+    if kind == "json_object" or (kind == "json_schema" and not (spec or {}).get("strict")):
+        try:
+            value = parse_strict_json(content or "")
+        except ValueError:
+            value = None
+        if not isinstance(value, dict):
+            raise _nonconformant(
+                "message.content",
+                "The reply content is not a JSON object, which the response format requires.",
+            )
+    elif kind == "json_schema":
+        _check_schema(content or "", spec["schema"], schema_limits)  # type: ignore[index]
+
+
 def verify_chat_reply(
     submit: ChatSubmit | Mapping[str, Any],
     chat_extras: Mapping[str, Any] | None,
@@ -418,7 +483,7 @@ def verify_chat_reply(
     choice, content that is not a JSON object under json_object or non-strict json_schema, and content not
     matching a strict json_schema (validated by its ``$schema`` draft, 2020-12 otherwise, references only
     inside the schema; an uncompilable schema refuses). A reply with empty or null content and tool calls is
-    exempt from the response format. Spec: chat-requests.md *Reply verification*.
+    exempt from the response format. See docs/native-api.md#reply-verification.
 
     The schema check is bounded (:mod:`horde_contract.reply_schema`): patterns in RE2, references in an empty
     registry, and ``schema_limits`` on steps, reference expansions and CPU time; a check past them refuses the
@@ -440,59 +505,12 @@ def verify_chat_reply(
         dropped = len(calls) - 1
         calls = calls[:1]
         message["tool_calls"] = calls
-    defined = {tool["function"]["name"] for tool in extras.get("tools") or ()}
-    seen_ids: set[str] = set()
-    for index, call in enumerate(calls):
-        name = call["function"]["name"]
-        if name not in defined:
-            raise _invalid(
-                f"message.tool_calls[{index}].function.name",
-                f"The reply calls the function '{name}', which the request does not define.",
-            )
-        if call["id"] in seen_ids:
-            raise _invalid(
-                f"message.tool_calls[{index}].id", f"The reply repeats the tool call id '{call['id']}'."
-            )
-        seen_ids.add(call["id"])
+    _check_calls_defined(calls, extras)
     if strict:
-        choice = extras.get("tool_choice")
-        forced = forced_function_name(choice)
-        if choice == "none" and calls:
-            raise _nonconformant("message.tool_calls", "The reply calls a tool under tool_choice none.")
-        if choice == "required" and not calls:
-            raise _nonconformant(
-                "message.tool_calls", "The reply does not call a tool under tool_choice required."
-            )
-        if forced is not None:
-            if not calls:
-                raise _nonconformant(
-                    "message.tool_calls",
-                    f"The reply does not call the function '{forced}' the tool_choice forces.",
-                )
-            other = next((c["function"]["name"] for c in calls if c["function"]["name"] != forced), None)
-            if other is not None:
-                raise _nonconformant(
-                    "message.tool_calls",
-                    f"The reply calls '{other}' where the tool_choice forces '{forced}'.",
-                )
-        response_format = extras.get("response_format")
+        _check_tool_choice(calls, extras.get("tool_choice"))
         content = message.get("content")
-        exempt = not content and bool(calls)
-        if isinstance(response_format, Mapping) and not exempt:
-            kind = response_format.get("type")
-            spec = response_format.get("json_schema") if kind == "json_schema" else None
-            if kind == "json_object" or (kind == "json_schema" and not (spec or {}).get("strict")):
-                try:
-                    value = parse_strict_json(content or "")
-                except ValueError:
-                    value = None
-                if not isinstance(value, dict):
-                    raise _nonconformant(
-                        "message.content",
-                        "The reply content is not a JSON object, which the response format requires.",
-                    )
-            elif kind == "json_schema":
-                _check_schema(content or "", spec["schema"], schema_limits)  # type: ignore[index]
+        if not (not content and calls):  # a reply of tool calls without content is exempt from the format
+            _check_response_format(content, extras.get("response_format"), schema_limits)
     return VerifiedReply(
         message=message,
         finish_reason=chat_reply_finish_reason(finish_reason, message, extras),
@@ -502,7 +520,7 @@ def verify_chat_reply(
 
 def chat_reply_characters(message: Mapping[str, Any]) -> int:
     """The reply's characters (Python code points): content, reasoning, and each tool call's function name
-    and arguments. Spec: chat-requests.md *Pricing*.
+    and arguments. See docs/native-api.md#pricing.
     """
     total = len(message.get("content") or "") + len(message.get("reasoning_content") or "")
     for call in message.get("tool_calls") or ():
@@ -514,14 +532,20 @@ def chat_reply_characters(message: Mapping[str, Any]) -> int:
 def charged_tokens(characters: int, max_length: int) -> int:
     """The kudos formula's token count: ceil(characters / 4), at least 20, at most ``max_length``.
 
-    Spec: chat-requests.md *Pricing*; ai-horde-text-path.md §4 T(x).
+    See docs/native-api.md#pricing; docs/native-api.md#kudos.
     """
     return min(max(math.ceil(characters / 4), MIN_CHARGED_TOKENS), max_length)
 
 
+def replace_nul(text: str) -> str:
+    """``text`` with every NUL replaced by U+FFFD, as submitted text is stored (PostgreSQL text and JSONB cannot
+    hold NUL)."""
+    return text.replace("\x00", "\ufffd")
+
+
 def _replace_nul(value: Any) -> Any:
     if isinstance(value, str):
-        return value.replace("\x00", "\ufffd") if "\x00" in value else value
+        return replace_nul(value)
     if isinstance(value, list):
         return [_replace_nul(v) for v in value]
     if isinstance(value, dict):
@@ -531,7 +555,7 @@ def _replace_nul(value: Any) -> Any:
 
 def build_stored_reply(message: Mapping[str, Any]) -> dict[str, Any]:
     """``processing_gens.message``: role and content, tool_calls when present, reasoning_content only when
-    submitted, with NUL replaced by U+FFFD in every string. Spec: chat-requests.md *Structured submit*.
+    submitted, with NUL replaced by U+FFFD in every string. See docs/native-api.md#submit.
     """
     stored: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
     if message.get("tool_calls"):
@@ -544,5 +568,4 @@ def build_stored_reply(message: Mapping[str, Any]) -> dict[str, Any]:
 
 def stored_generation(message: Mapping[str, Any]) -> str:
     """``processing_gens.generation`` of a chat reply: the content with NUL replaced, or "" when null."""
-    content = message.get("content") or ""
-    return content.replace("\x00", "\ufffd")
+    return replace_nul(message.get("content") or "")

@@ -1,9 +1,9 @@
 """Bounded validation of a reply against a request's strict JSON schema.
 
-Spec: chat-requests.md *Reply verification*: a strict json_schema is validated with jsonschema, by the draft its
+See docs/native-api.md#reply-verification: a strict json_schema is validated with jsonschema, by the draft its
 ``$schema`` declares and Draft 2020-12 otherwise; references resolve only inside the schema; a schema the library
 cannot compile, or whose references do not resolve, refuses the reply. The requester writes the schema and the
-worker writes the reply, so neither may make the check run long or grow large (issue 9, item 3):
+worker writes the reply, so neither may make the check run long or grow large:
 
 * ``pattern`` and ``patternProperties`` (and the pattern test of ``additionalProperties``) match with RE2, in time
   linear in the text. A pattern RE2 does not take (a backreference, a lookaround, ``\\Z``, a repetition above

@@ -1,8 +1,8 @@
 """What a chat request needs of a worker, the worker's chat declaration, eligibility rules 1–3, and the
 declaration gap.
 
-Spec: chat-requests.md *Chat declaration on pop*, *Guarantees*, *Tool temperature limit*, *Eligibility*,
-*Impossible reason*, *Free output allowance* (the NoEligibleWorker message).
+See docs/native-api.md#chat-declaration, #guarantees, #tool-temperature-limit, #eligibility,
+#impossible-reason, #free-output-allowance (the NoEligibleWorker message).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import RC, ChatContractError
+from .errors import RC, HordeError
 from .extras import build_chat_extras, forced_function_name, forwards_tools
 from .limits import CHAT_SAMPLING_DEFAULTS
 from .vocab import (
@@ -63,7 +63,7 @@ def required_chat_features(
 
     Inputs: the mapped text params, the answer extras (stored values; the stream hint is ignored), the stored
     messages and the conformance mode. Features apply under both modes; guarantees only under strict.
-    Spec: chat-requests.md *Chat declaration on pop* (feature table), *Guarantees*.
+    See docs/native-api.md#chat-declaration (feature table), #guarantees.
     """
     needed: set[str] = set()
     if "seed" in text_params:
@@ -96,7 +96,7 @@ def required_chat_features(
 def required_chat_guarantees(chat_extras: Mapping[str, Any] | None) -> list[str]:
     """The guarantees a strict request needs (sorted): tool_choice_enforced for forwarded tools under
     required or a function choice, structured_output_enforced for a strict json_schema, and always
-    prompt_overflow_refused. Spec: chat-requests.md *Guarantees*.
+    prompt_overflow_refused. See docs/native-api.md#guarantees.
     """
     extras = chat_extras or {}
     needed: set[str] = {ChatGuarantee.prompt_overflow_refused.value}
@@ -115,7 +115,7 @@ def chat_tools_temperature(
     text_params: Mapping[str, Any], chat_extras: Mapping[str, Any] | None
 ) -> float | None:
     """``waiting_prompts.chat_tools_temperature``: the temperature the job carries (the client's or 1.0)
-    when the request forwards tools, else None. Spec: chat-requests.md *Tool temperature limit*.
+    when the request forwards tools, else None. See docs/native-api.md#tool-temperature-limit.
     """
     if not forwards_tools(chat_extras):
         return None
@@ -127,7 +127,7 @@ def chat_request_requirements(body_or_request: Any) -> list[str]:
     ``ChatRequest`` needs, through the same :func:`required_chat_features` the server stores.
 
     A body is read without validation (send it to ``parse_chat_request`` for that); the stop, sampling,
-    tool and format values are read as the server maps them. Spec: chat-requests.md *Code map*
+    tool and format values are read as the server maps them. See docs/native-api.md#routes
     (chat_request_requirements, TestRequirementParity).
     """
     if not isinstance(body_or_request, Mapping):
@@ -160,7 +160,7 @@ class ChatDeclaration:
 
     ``chat_features`` and ``image_transports`` list the recognised values only, sorted; the limits are in
     tokens; every chat field is empty/None when ``accepts_chat_jobs`` is false (a pop without chat_jobs
-    withdraws the declaration). Spec: chat-requests.md *Chat declaration on pop*.
+    withdraws the declaration). See docs/native-api.md#chat-declaration.
     """
 
     accepts_chat_jobs: bool = False
@@ -196,8 +196,8 @@ class ChatDeclaration:
         }
 
 
-def _declaration_error(param: str, text: str) -> ChatContractError:
-    return ChatContractError(400, RC.ChatDeclarationInvalid, f"'{param}': {text}", param, openai_message=text)
+def _declaration_error(param: str, text: str) -> HordeError:
+    return HordeError(400, RC.ChatDeclarationInvalid, f"'{param}': {text}", param, openai_message=text)
 
 
 def _known_values(raw: Any, param: str, known: Iterable[str]) -> tuple[str, ...]:
@@ -221,7 +221,7 @@ def parse_chat_declaration(pop_body: Mapping[str, Any]) -> ChatDeclaration:
     Raises 400 ``ChatDeclarationInvalid`` (param the field path) for: chat_jobs without chat_limits or
     model_id, a negative chat_limits.tools_max_temperature, a model_id that is not one of ``models``,
     prompt_jobs false without chat_jobs, and a field of the wrong type. Unknown features and transports are
-    ignored. Spec: chat-requests.md *Chat declaration on pop*.
+    ignored. See docs/native-api.md#chat-declaration.
     """
     chat_jobs = pop_body.get("chat_jobs")
     if chat_jobs is None:
@@ -295,7 +295,7 @@ def chat_refusal_reasons(
     Rule 1: ``"chat_jobs"`` (no chat declared) or ``"model"`` (model_id not among ``models``), and nothing
     else is checked. Rule 2: each missing required feature or guarantee value, then ``"image_transports"``
     for a request with images and neither url nor base64 declared. Rule 3: ``"max_context_length"``,
-    ``"max_length"``, ``"tools_max_temperature"`` (lengths in tokens). Spec: chat-requests.md *Eligibility*.
+    ``"max_length"``, ``"tools_max_temperature"`` (lengths in tokens). See docs/native-api.md#eligibility.
     """
     if not declaration.accepts_chat_jobs:
         return ["chat_jobs"]
@@ -319,29 +319,13 @@ def chat_refusal_reasons(
     return reasons
 
 
-def chat_refusal_reason(
-    *,
-    declaration: ChatDeclaration,
-    models: Sequence[str],
-    required_features: Iterable[str],
-    max_length: int,
-    max_context_length: int,
-    tools_temperature: float | None,
-    has_images: bool,
-) -> str | None:
-    """The first reason rules 1–3 refuse this worker (see :func:`chat_refusal_reasons`), or None.
+def chat_refusal_reason(**needs: Any) -> str | None:
+    """The first reason rules 1–3 refuse this worker, or None; takes the keywords of
+    :func:`chat_refusal_reasons`.
 
-    Spec: chat-requests.md *Eligibility*, TextWorker.chat_refusal_reason.
+    See docs/native-api.md#eligibility, TextWorker.chat_refusal_reason.
     """
-    reasons = chat_refusal_reasons(
-        declaration=declaration,
-        models=models,
-        required_features=required_features,
-        max_length=max_length,
-        max_context_length=max_context_length,
-        tools_temperature=tools_temperature,
-        has_images=has_images,
-    )
+    reasons = chat_refusal_reasons(**needs)
     return reasons[0] if reasons else None
 
 
@@ -353,7 +337,7 @@ def declaration_gap(refusals: Iterable[str | Sequence[str] | None]) -> dict[str,
     there is at least one worker and every one was refused for rule-2 or rule-3 reasons only; then
     ``{"kind": "declaration_gap", "missing_declarations": [...], "exceeded_limits": [...]}`` with the sorted
     union of missing feature/guarantee values (and ``image_transports``) and of exceeded limits.
-    Spec: chat-requests.md *Impossible reason*.
+    See docs/native-api.md#impossible-reason.
     """
     missing: set[str] = set()
     exceeded: set[str] = set()
@@ -372,6 +356,12 @@ def declaration_gap(refusals: Iterable[str | Sequence[str] | None]) -> dict[str,
         seen = True
     if not seen:
         return None
+    return declaration_gap_reason(missing, exceeded)
+
+
+def declaration_gap_reason(missing: Iterable[str], exceeded: Iterable[str]) -> dict[str, Any]:
+    """The declaration gap ``impossible_reason``: ``{"kind": "declaration_gap", "missing_declarations":
+    [...], "exceeded_limits": [...]}`` with both lists sorted. See docs/native-api.md#impossible-reason."""
     return {
         "kind": "declaration_gap",
         "missing_declarations": sorted(missing),
@@ -379,58 +369,70 @@ def declaration_gap(refusals: Iterable[str | Sequence[str] | None]) -> dict[str,
     }
 
 
-def _join(values: Sequence[str]) -> str:
+def _join(values: Sequence[str], conjunction: str) -> str:
     if len(values) <= 1:
         return "".join(values)
-    return ", ".join(values[:-1]) + " or " + values[-1]
+    return ", ".join(values[:-1]) + f" {conjunction} " + values[-1]
+
+
+def declaration_gap_sentence(
+    gap: Mapping[str, Any], *, models: str = "the model", missing_conjunction: str = "or"
+) -> str:
+    """What a declaration gap ``impossible_reason`` means, as one clause per list joined by ``"; "``, without
+    a capital or a final period: ``"no online worker serving the model declares seed or tools; the request
+    exceeds the max_context_length and max_length limits of every online worker serving the model"``.
+
+    ``models`` names what the workers serve (``"the listed models"`` for a list); ``missing_conjunction`` joins
+    the last two missing declarations (the OpenAI front lists them with ``"and"``). Empty for an empty gap.
+    """
+    parts = []
+    missing = [str(m) for m in gap.get("missing_declarations") or []]
+    exceeded = [str(e) for e in gap.get("exceeded_limits") or []]
+    if missing:
+        parts.append(f"no online worker serving {models} declares {_join(missing, missing_conjunction)}")
+    if exceeded:
+        noun = "limit" if len(exceeded) == 1 else "limits"
+        parts.append(
+            f"the request exceeds the {_join(exceeded, 'and')} {noun} of every online worker serving {models}"
+        )
+    return "; ".join(parts)
 
 
 def no_eligible_worker_message(gap: Mapping[str, Any] | None) -> str:
     """The 403 NoEligibleWorker message of a request refused for kudos with no worker able to serve it.
 
-    Spec: chat-requests.md *Free output allowance*.
+    See docs/native-api.md#free-output-allowance.
     """
     base = "No online worker can serve this request"
     if not gap:
         return base + "."
-    parts = []
-    missing = list(gap.get("missing_declarations") or [])
-    exceeded = list(gap.get("exceeded_limits") or [])
-    if missing:
-        parts.append(f"no online worker serving the model declares {_join(missing)}")
-    if exceeded:
-        noun = "limit" if len(exceeded) == 1 else "limits"
-        parts.append(
-            f"the request exceeds the {_join(exceeded).replace(' or ', ' and ')} {noun} of every online worker "
-            "serving the model"
-        )
-    return f"{base}: {'; '.join(parts)}."
+    return f"{base}: {declaration_gap_sentence(gap)}."
 
 
-def no_eligible_worker_error(gap: Mapping[str, Any] | None) -> ChatContractError:
+def no_eligible_worker_error(gap: Mapping[str, Any] | None) -> HordeError:
     """403 NoEligibleWorker for a kudos refusal with no worker able to serve, with ``impossible_reason``
-    in the body when the declarations are the cause. Spec: chat-requests.md *Free output allowance*.
+    in the body when the declarations are the cause. See docs/native-api.md#free-output-allowance.
     """
     extra = {"impossible_reason": dict(gap)} if gap else None
-    return ChatContractError(403, RC.NoEligibleWorker, no_eligible_worker_message(gap), None, extra)
+    return HordeError(403, RC.NoEligibleWorker, no_eligible_worker_message(gap), None, extra)
 
 
-def no_serving_worker_error(models: Sequence[str]) -> ChatContractError:
+def no_serving_worker_error(models: Sequence[str]) -> HordeError:
     """403 NoEligibleWorker for known models without an online chat worker (no impossible_reason).
 
-    Spec: chat-requests.md *Known models*.
+    See docs/native-api.md#known-models.
     """
     if len(models) == 1:
         message = f"No worker is currently serving the model '{models[0]}'."
     else:
         quoted = ", ".join(f"'{m}'" for m in models)
         message = f"No worker is currently serving any of the models {quoted}."
-    return ChatContractError(403, RC.NoEligibleWorker, message, "models" if len(models) > 1 else "model")
+    return HordeError(403, RC.NoEligibleWorker, message, "models" if len(models) > 1 else "model")
 
 
-def unknown_chat_model_error(model: str, path: str) -> ChatContractError:
+def unknown_chat_model_error(model: str, path: str) -> HordeError:
     """404 UnknownChatModel for the first unknown entry; the message starts with its quoted ``path``
-    (``'model'`` or ``'models[1]'``). Spec: chat-requests.md *Known models*.
+    (``'model'`` or ``'models[1]'``). See docs/native-api.md#known-models.
     """
     text = f"the model {model!r} is not known to this horde."
-    return ChatContractError(404, RC.UnknownChatModel, f"'{path}': {text}", path, openai_message=text)
+    return HordeError(404, RC.UnknownChatModel, f"'{path}': {text}", path, openai_message=text)

@@ -1,6 +1,6 @@
 """Structural rules for JSON schemas in tools and response formats.
 
-Spec: chat-requests.md *Tools* (nesting depth MAX_CHAT_SCHEMA_NESTING; OpenAI's strict structural rules).
+See docs/native-api.md#tools (nesting depth MAX_CHAT_SCHEMA_NESTING; OpenAI's strict structural rules).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The text params model (legacy text route and the chat mapping).
 
-Spec: ai-horde-text-path.md §1 (ranges, cross-field checks) and §14 (max_length 16–16384);
-chat-requests.md *Request body* ("The mapped params are validated against the text params model, so every
+See docs/native-api.md#text-route (ranges, cross-field checks) and #text-route (max_length 16–16384);
+docs/native-api.md#request-body ("The mapped params are validated against the text params model, so every
 range a text request enforces applies, and an out-of-range value returns the same 400 validation error and is
 not clamped").
 """
@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
-from .errors import RC, ChatContractError
+from .errors import RC, HordeError
 from .limits import (
     CHAT_PENALTY_RANGE,
     MAX_TEXT_STOP_SEQUENCE_CHARS,
@@ -73,7 +73,7 @@ class ChatTextParams(TextGenerationParams):
     """The mapped params of a chat request: the text params plus the chat-only sampling keys.
 
     ``frequency_penalty`` and ``presence_penalty`` are -2 to 2, ``seed`` an integer and ``reasoning_effort``
-    a :class:`ChatReasoningEffort` value (chat-requests.md *Request body*).
+    a :class:`ChatReasoningEffort` value (docs/native-api.md#request-body).
     """
 
     frequency_penalty: Annotated[Number, Field(ge=CHAT_PENALTY_RANGE[0], le=CHAT_PENALTY_RANGE[1])] | None = (
@@ -86,7 +86,7 @@ class ChatTextParams(TextGenerationParams):
     reasoning_effort: ChatReasoningEffort | None = None
 
 
-def _validation_error(exc: ValidationError, field_paths: dict[str, str] | None) -> ChatContractError:
+def _validation_error(exc: ValidationError, field_paths: dict[str, str] | None) -> HordeError:
     first = exc.errors(include_url=False)[0]
     loc = first.get("loc", ())
     field = str(loc[0]) if loc else "params"
@@ -95,7 +95,7 @@ def _validation_error(exc: ValidationError, field_paths: dict[str, str] | None) 
     param = (field_paths or {}).get(field, field)
     if param != field and len(loc) > 1:
         param = param + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc[1:])
-    return ChatContractError(
+    return HordeError(
         400,
         RC.BadRequest,
         f"'{param}': Input payload validation failed: {dotted}: {text}",
@@ -116,14 +116,14 @@ def parse_text_params(
 
     ``params`` is the JSON object; ``model`` the params model (:class:`ChatTextParams` for a chat request);
     ``field_paths`` maps a param key to the request path reported as ``param`` (the chat route reports
-    ``max_length`` as ``max_tokens``). Raises :class:`ChatContractError` 400 ``BadRequest`` naming the first
+    ``max_length`` as ``max_tokens``). Raises :class:`HordeError` 400 ``BadRequest`` naming the first
     failing field (body extra ``errors: {field: text}``), then the upstream cross-field checks when
     ``cross_field`` is true: ``TokenOverflow`` (``max_context_length`` below ``max_length``, defaults 2048 and
     80 filled), ``MissingFullSamplerOrder``, ``TooManyStopSequences`` and ``ExcessiveStopSequence``.
-    Spec: ai-horde-text-path.md §1, §14.
+    See docs/native-api.md#text-route.
     """
     if not isinstance(params, dict):
-        raise ChatContractError(
+        raise HordeError(
             400,
             RC.BadRequest,
             "'params': Input payload validation failed: params must be an object",
@@ -150,13 +150,13 @@ def parse_text_params(
 def check_stop_sequences(stops: list[str] | None, param: str = "stop_sequence") -> None:
     """Upstream's stop sequence bounds: at most 128 distinct, at most 2000 characters across the distinct ones.
 
-    Raises 400 ``TooManyStopSequences`` or ``ExcessiveStopSequence``. Spec: ai-horde-text-path.md §1.
+    Raises 400 ``TooManyStopSequences`` or ``ExcessiveStopSequence``. See docs/native-api.md#text-route.
     """
     if not stops:
         return
     distinct = set(stops)
     if len(distinct) > MAX_TEXT_STOP_SEQUENCES:
-        raise ChatContractError(
+        raise HordeError(
             400,
             RC.TooManyStopSequences,
             f"Too many stop sequences: {len(distinct)} distinct, at most {MAX_TEXT_STOP_SEQUENCES}.",
@@ -164,7 +164,7 @@ def check_stop_sequences(stops: list[str] | None, param: str = "stop_sequence") 
         )
     total = sum(len(s) for s in distinct)
     if total > MAX_TEXT_STOP_SEQUENCE_CHARS:
-        raise ChatContractError(
+        raise HordeError(
             400,
             RC.ExcessiveStopSequence,
             f"The stop sequences total {total} characters, at most {MAX_TEXT_STOP_SEQUENCE_CHARS}.",
@@ -175,7 +175,7 @@ def check_stop_sequences(stops: list[str] | None, param: str = "stop_sequence") 
 def check_text_params_cross_fields(params: dict[str, Any], field_paths: dict[str, str] | None = None) -> None:
     """Upstream's cross-field rules: ``TokenOverflow`` and ``MissingFullSamplerOrder`` (400).
 
-    Spec: ai-horde-text-path.md §1 *Cross-field checks*.
+    See docs/native-api.md#text-route.
     """
     paths = field_paths or {}
     # An explicit null is the default, as an absent key is (upstream's parser fills both).
@@ -184,7 +184,7 @@ def check_text_params_cross_fields(params: dict[str, Any], field_paths: dict[str
     max_context_length = params.get("max_context_length")
     max_context_length = TEXT_DEFAULT_MAX_CONTEXT_LENGTH if max_context_length is None else max_context_length
     if max_context_length < max_length:
-        raise ChatContractError(
+        raise HordeError(
             400,
             RC.TokenOverflow,
             f"max_context_length ({max_context_length}) has to be at least max_length ({max_length}).",
@@ -192,7 +192,7 @@ def check_text_params_cross_fields(params: dict[str, Any], field_paths: dict[str
         )
     order = params.get("sampler_order")
     if order is not None and len(set(order)) < MIN_SAMPLER_ORDER_VALUES:
-        raise ChatContractError(
+        raise HordeError(
             400,
             RC.MissingFullSamplerOrder,
             f"sampler_order has to list at least {MIN_SAMPLER_ORDER_VALUES} distinct samplers.",

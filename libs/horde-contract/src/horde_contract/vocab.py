@@ -1,7 +1,7 @@
 """Vocabularies of the chat contract: features, guarantees, modes, finish and fault reasons.
 
-Spec: chat-requests.md *Chat declaration on pop*, *Guarantees*, *Structured submit*, *Worker fault reasons*,
-*Context adjustments*, *Images*; values never change meaning, vocabularies grow by adding values.
+See docs/native-api.md#chat-declaration, #guarantees, #submit, #worker-fault-reasons,
+#context-adjustments, #images; values never change meaning, vocabularies grow by adding values.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ ANONYMOUS_API_KEY: Final = "0000000000"
 
 
 class ChatFeature(StrEnum):
-    """Optional capabilities a worker declares in ``chat_features`` (*Chat declaration on pop*)."""
+    """Optional capabilities a worker declares in ``chat_features`` (docs/native-api.md#chat-declaration)."""
 
     seed = "seed"
     reasoning_effort = "reasoning_effort"
@@ -29,7 +29,7 @@ class ChatFeature(StrEnum):
 
 
 class ChatGuarantee(StrEnum):
-    """Parts of the OpenAI contract a backend follows exactly, in the same list as features (*Guarantees*)."""
+    """Parts of the OpenAI contract a backend follows exactly, in the same list as features (docs/native-api.md#guarantees)."""
 
     tool_choice_enforced = "tool_choice_enforced"
     single_tool_call_enforced = "single_tool_call_enforced"
@@ -38,6 +38,9 @@ class ChatGuarantee(StrEnum):
 
 
 KNOWN_CHAT_FEATURES: Final = frozenset(ChatFeature) | frozenset(ChatGuarantee)
+#: Every feature and every guarantee as the plain string a declaration carries on the wire.
+CHAT_FEATURE_VALUES: Final = frozenset(str(v.value) for v in ChatFeature)
+CHAT_GUARANTEE_VALUES: Final = frozenset(str(v.value) for v in ChatGuarantee)
 
 
 class ChatConformance(StrEnum):
@@ -77,7 +80,7 @@ class ChatSubmitState(StrEnum):
 
 
 class ChatFaultReason(StrEnum):
-    """``fault_reason`` a worker may send with a faulted chat submit (*Worker fault reasons*)."""
+    """``fault_reason`` a worker may send with a faulted chat submit (docs/native-api.md#worker-fault-reasons)."""
 
     prompt_overflow = "prompt_overflow"
     unbuildable_grammar = "unbuildable_grammar"
