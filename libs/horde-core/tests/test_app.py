@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, MutableMapping
+from typing import Any
+
 import httpx
 import pytest
 from fastapi import APIRouter
+from horde_contract.errors import HordeError
 from horde_core.app import create_app, include_native
 from horde_core.body import read_bounded_body
-from horde_core.errors import HordeError
 from horde_core.metrics import counter
 from pydantic import BaseModel
 from starlette.requests import Request
@@ -28,7 +31,7 @@ def build_app():
     @router.get("/v2/refuse")
     async def refuse() -> None:
         raise HordeError(
-            403, "NoEligibleWorker", "No worker is currently serving the model 'x'.", extra_key=1
+            403, "NoEligibleWorker", "No worker is currently serving the model 'x'.", extra={"extra_key": 1}
         )
 
     @router.get("/v2/boom")
@@ -172,18 +175,18 @@ async def test_a_client_gone_mid_body_is_499_without_an_error_log(horde_errors: 
     async def upload(request: Request) -> dict[str, int]:
         return {"bytes": len(await read_bounded_body(request, 1000, 5.0))}
 
-    messages = iter(
+    messages: Iterator[dict[str, object]] = iter(
         [
             {"type": "http.request", "body": b"12345", "more_body": True},
             {"type": "http.disconnect"},
         ]
     )
-    sent: list[dict[str, object]] = []
+    sent: list[MutableMapping[str, Any]] = []
 
     async def receive() -> dict[str, object]:
         return next(messages)
 
-    async def send(message: dict[str, object]) -> None:
+    async def send(message: MutableMapping[str, Any]) -> None:
         sent.append(message)
 
     scope = {

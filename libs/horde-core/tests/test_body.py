@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import FastAPI, Request
-from horde_contract import ChatContractError, parse_chat_request
+from horde_contract import HordeError, parse_chat_request
 from horde_contract.limits import (
     MAX_CHAT_BODY_BYTES,
     MAX_CHAT_IMAGE_COUNT,
@@ -115,7 +115,7 @@ def test_amplifying_bodies_are_refused_with_the_bound_in_the_message() -> None:
 )
 def test_bodies_that_are_not_json_are_left_to_the_parser(raw: bytes) -> None:
     check_json_structure(raw, 64, 64)
-    with pytest.raises(ChatContractError) as refused:
+    with pytest.raises(HordeError) as refused:
         parse_json_body(raw, BodyLimits(100, 64))
     assert refused.value.status == 400
 
@@ -129,7 +129,7 @@ def test_parse_keeps_the_contract_rules() -> None:
         (b'{"a": "\\ud800"}', "BadRequest"),
         (b'{"a": "\\u0000"}', "NulByteInPayload"),
     ]:
-        with pytest.raises(ChatContractError) as refused:
+        with pytest.raises(HordeError) as refused:
             parse_json_body(raw, limits)
         assert refused.value.rc == rc
     assert parse_json_body(b'{"a": "\\u0000"}', limits, refuse_nul=False) == {"a": "\x00"}

@@ -1,4 +1,4 @@
-"""The in-flight cap of the native services (horde_core.capacity; issue 10 item 4)."""
+"""The in-flight cap of the native services (horde_core.capacity)."""
 
 from __future__ import annotations
 

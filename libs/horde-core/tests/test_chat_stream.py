@@ -1,6 +1,6 @@
 """The progress-stream wire format (horde_core.chat_stream) against the real Redis of horde_testing: entry
 decoding, the lease written at pop, the append script, cancel flagging, the ended marker, and that all of it
-lives on the chat signal database (spec: *Streaming progress*, *Job lease*)."""
+lives on the chat signal database (docs/native-api.md#progress, #job-lease)."""
 
 from __future__ import annotations
 
@@ -86,7 +86,8 @@ async def leased(signals: redis.Redis, **overrides: object) -> tuple[str, Stream
 
 
 async def stream(signals: redis.Redis, request_id: str) -> list[StreamEntry]:
-    return [StreamEntry.from_fields(i, f) for i, f in await signals.xrange(progress_stream_key(request_id))]
+    entries: list[tuple[str, dict[str, str]]] = await signals.xrange(progress_stream_key(request_id))  # type: ignore[assignment]
+    return [StreamEntry.from_fields(i, f) for i, f in entries]
 
 
 def unreachable() -> redis.Redis:
@@ -286,7 +287,7 @@ async def test_end_stream_appends_the_ended_marker_and_deletes_the_lease(
     gen, lease = await leased(signals)
     assert await end_stream(signals, lease.request_id, gen)
     assert await signals.exists(stream_lease_key(gen)) == 0
-    raw = await signals.xrange(progress_stream_key(lease.request_id))
+    raw: list[tuple[str, dict[str, str]]] = await signals.xrange(progress_stream_key(lease.request_id))  # type: ignore[assignment]
     assert [fields for _, fields in raw] == [{"gen": gen, "ended": "1"}]
     [entry] = await stream(signals, lease.request_id)
     assert entry.ended and entry.gen == gen
@@ -402,7 +403,7 @@ async def test_lease_without_model_gives_entries_without_one(
     gen, lease = await leased(signals)
     await signals.hdel(stream_lease_key(gen), LeaseField.model.value)
     await appender.append(gen, key_check=CHECK, seq=1, content="x")
-    raw = await signals.xrange(progress_stream_key(lease.request_id))
+    raw: list[tuple[str, dict[str, str]]] = await signals.xrange(progress_stream_key(lease.request_id))  # type: ignore[assignment]
     assert EntryField.model.value not in raw[0][1]
     assert (await stream(signals, lease.request_id))[0].model is None
 

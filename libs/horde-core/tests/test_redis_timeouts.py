@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-import time
+import asyncio
 
 import pytest
 import redis.exceptions
@@ -24,8 +24,7 @@ def test_clients_carry_the_timeouts() -> None:
 
 async def test_a_hung_store_fails_a_command_within_the_read_timeout(hung_redis: str) -> None:
     for client in (redis_client(hung_redis, socket_timeout=0.3), signal_client(hung_redis)):
-        started = time.monotonic()
+        # The store never answers: redis' own TimeoutError is the read timeout (the wait_for is a hang guard).
         with pytest.raises(redis.exceptions.TimeoutError):
-            await client.get("k")
-        assert time.monotonic() - started < REDIS_SOCKET_TIMEOUT_SECONDS + 2
+            await asyncio.wait_for(client.get("k"), 30)
         await client.aclose()

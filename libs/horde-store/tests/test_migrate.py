@@ -92,7 +92,7 @@ async def test_two_processes_migrate_at_once(empty_db: str) -> None:
 
 
 # (table, column) -> (data_type or udt_name for arrays, character_maximum_length, is_nullable, default)
-# from spec/chat-requests.md "Schema"; None = not checked.
+# the columns the services read and write; None = not checked.
 SPEC_CHAT_COLUMNS: dict[tuple[str, str], tuple[str, int | None, str, str | None]] = {
     ("waiting_prompts", "is_chat"): ("boolean", None, "NO", "false"),
     ("waiting_prompts", "messages"): ("jsonb", None, "YES", None),
@@ -130,7 +130,7 @@ SPEC_CHAT_COLUMNS: dict[tuple[str, str], tuple[str, int | None, str, str | None]
     ("workers", "nonconformant_replies"): ("integer", None, "NO", "0"),
 }
 
-# Text-path and lease columns the services rely on (reference §1, §3-§7; spec: Job lease).
+# Text-path and lease columns the services rely on (docs/native-api.md#job-lease).
 TEXT_COLUMNS = {
     "users": "id username api_key_hash kudos min_kudos trusted patron flagged deleted concurrency "
     "evaluating_kudos created oauth_id",
@@ -220,6 +220,7 @@ async def test_operation_key_index_is_unique_partial_and_valid(conn: asyncpg.Con
         FROM pg_index i WHERE i.indexrelid = 'ix_waiting_prompts_user_operation_key'::regclass
         """
     )
+    assert row is not None
     assert row["indisvalid"] and row["indisunique"]
     assert "(user_id, operation_key) WHERE (operation_key IS NOT NULL)" in row["def"]
 

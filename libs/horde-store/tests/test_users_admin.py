@@ -112,6 +112,7 @@ async def test_pool_decodes_json_and_jsonb(database_url: str) -> None:
             row = await c.fetchrow(
                 "SELECT params, messages, chat_extras FROM waiting_prompts WHERE id = $1", wp
             )
+            assert row is not None
             assert row["params"] == {"max_length": 80, "temperature": 0.7}
             assert row["messages"] == [{"role": "user", "content": "héllo"}]
             assert row["chat_extras"] is None
@@ -193,9 +194,9 @@ async def test_horde_admin_cli(
         "INSERT INTO waiting_prompts (id, user_id, kudos, consumed_kudos) VALUES (gen_random_uuid(), $1, 12, 3.5)",
         created["id"],
     )
-    (request,) = json.loads(_admin(database_url, "user", "show", "--username", "dave", in_process=True).stdout)[
-        "requests"
-    ]
+    (request,) = json.loads(
+        _admin(database_url, "user", "show", "--username", "dave", in_process=True).stdout
+    )["requests"]
     assert (request["kudos"], request["consumed_kudos"], request["cancelled"], request["finished"]) == (
         12,
         3.5,
@@ -229,9 +230,13 @@ async def test_horde_admin_cli(
     assert r.returncode == 0, r.stderr
     shown = json.loads(r.stdout)
     assert (shown["name"], shown["maintenance"], shown["maintenance_msg"], shown["paused"]) == (
-        "w-maint", False, None, False
+        "w-maint",
+        False,
+        None,
+        False,
     )
     row = await conn.fetchrow("SELECT maintenance, maintenance_msg FROM workers WHERE name = 'w-maint'")
+    assert row is not None
     assert (row["maintenance"], row["maintenance_msg"]) == (False, None)
     r = _admin(database_url, "worker", "set", "--name", "w-maint", "--paused", in_process=True)
     assert json.loads(r.stdout)["paused"] is True

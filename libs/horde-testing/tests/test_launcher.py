@@ -154,5 +154,32 @@ def test_services_die_with_a_killed_test_process(tmp_path: Path) -> None:
     finally:
         parent.kill()
         parent.wait()
+        if parent.stdout is not None:
+            parent.stdout.close()
     assert _wait_gone(pid)
     Path(log_path).unlink()  # the killed parent could not remove it
+
+
+def test_env_url_and_wait_log(tmp_path: Path) -> None:
+    """``env`` goes on top of ours; ``url`` is kept; ``wait_log`` returns once a line (or a test) is in the log,
+    and the log as it is when the wait ends without it."""
+    script = tmp_path / "late.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import os, time
+            print("env", os.environ["SVC_VALUE"], "PATH" in os.environ, flush=True)
+            time.sleep(0.3)
+            print("ready later", flush=True)
+            time.sleep(300)
+            """
+        )
+    )
+    svc = ServiceProcess("late", [sys.executable, str(script)], env={"SVC_VALUE": "v1"}, url="http://svc")
+    with svc:
+        assert svc.url == "http://svc"
+        assert "ready later" in svc.wait_log("ready later", timeout=30)
+        assert "env v1 True" in svc.wait_log(lambda text: "env v1" in text, timeout=30)
+        assert "never" not in svc.wait_log("never", timeout=0.1)
+    with pytest.raises(ServiceError, match="no url"):
+        _ = ServiceProcess("nameless", [sys.executable, "-c", "pass"]).url

@@ -78,7 +78,9 @@ def _stop(proc: subprocess.Popen[bytes], tmp_path: Path) -> None:
     children = _children(proc.pid)
     assert children, "the stores run as children of horde-local-stores"
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(30) == 0, proc.stdout.read().decode()  # type: ignore[union-attr]
+    assert proc.stdout is not None
+    with proc.stdout:
+        assert proc.wait(30) == 0, proc.stdout.read().decode()
     assert not (tmp_path / "stores.env").exists()
     assert all(_gone(pid) for pid in children)
 

@@ -1,8 +1,13 @@
 """FastAPI app factory: the Horde error envelope, ``/healthz``, ``/readyz`` and ``/metrics`` on every process.
 
-A service builds its app with :func:`create_app`, mounts its native routers with :func:`include_native`
-(served at ``/api/v2/...``, the upstream AI Horde path existing clients and workers use, and at ``/v2/...``,
-the spec's path), and registers readiness checks on ``app.state.readiness_checks`` from its lifespan.
+Every service has the same skeleton: ``<service>.app.create_app(settings=None) -> FastAPI`` builds its app with
+:func:`create_app` here (passing its settings and its lifespan), mounts its native routers with
+:func:`include_native` (served at ``/api/v2/...``, the upstream AI Horde path existing clients and workers use,
+and at ``/v2/...``, the spec's path) and installs its OpenAPI document. The lifespan opens the stores
+(``horde_store.stores.open_stores``, which registers the ``database`` and ``redis`` readiness checks through
+:func:`add_store_readiness`), puts one typed state dataclass on ``app.state.<service>`` (read by handlers
+through the service's ``state.get_state``) and closes everything it opened. ``<service>.__main__`` serves the
+app with :func:`horde_core.runner.serve`.
 """
 
 from __future__ import annotations
@@ -16,13 +21,14 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from horde_contract.errors import RC, HordeError
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from horde_core.capacity import InFlightLimit
-from horde_core.errors import HordeError
 from horde_core.ratelimit import RouteLimitMiddleware
+from horde_core.settings import HordeSettings
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +46,6 @@ def validation_message(exc: RequestValidationError) -> str:
     first = errors[0]
     loc = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
     return f"Input payload validation failed: {loc or 'body'}: {first.get('msg', 'invalid value')}"
-
-
-def _contract_error_response(exc: Exception) -> JSONResponse:
-    body = exc.to_body()  # type: ignore[attr-defined]
-    return JSONResponse(status_code=exc.status, content=body)  # type: ignore[attr-defined]
 
 
 STORE_OUTAGE_RETRY_AFTER_SECONDS = 5
@@ -86,7 +87,7 @@ def install_horde_error_handlers(app: FastAPI) -> None:
             status_code=503,
             content={
                 "message": "A store this service needs is unreachable; retry shortly.",
-                "rc": "ServiceUnavailable",
+                "rc": RC.ServiceUnavailable,
             },
             headers={"Retry-After": str(STORE_OUTAGE_RETRY_AFTER_SECONDS)},
         )
@@ -94,30 +95,22 @@ def install_horde_error_handlers(app: FastAPI) -> None:
     for outage in store_outage_errors():
         app.add_exception_handler(outage, _store_unreachable)
 
-    try:
-        from horde_contract import ChatContractError
-    except ImportError:  # pragma: no cover - the contract lib is always installed in this workspace
-        pass
-    else:
-
-        @app.exception_handler(ChatContractError)
-        async def _contract_error(_: Request, exc: Exception) -> JSONResponse:
-            return _contract_error_response(exc)
-
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(status_code=400, content={"message": validation_message(exc), "rc": "BadRequest"})
+        return JSONResponse(
+            status_code=400, content={"message": validation_message(exc), "rc": RC.BadRequest}
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        rc = {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "BadRequest")
+        rc = {404: RC.NotFound, 405: RC.MethodNotAllowed}.get(exc.status_code, RC.BadRequest)
         return JSONResponse(status_code=exc.status_code, content={"message": str(exc.detail), "rc": rc})
 
     @app.exception_handler(Exception)
     async def _unhandled(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error", exc_info=exc)
         return JSONResponse(
-            status_code=500, content={"message": "Internal Server Error", "rc": "InternalServerError"}
+            status_code=500, content={"message": "Internal Server Error", "rc": RC.InternalServerError}
         )
 
 
@@ -142,6 +135,22 @@ async def run_readiness(checks: Mapping[str, ReadinessCheck]) -> tuple[bool, dic
     return all(v == "ok" for v in results.values()), results
 
 
+def add_store_readiness(
+    app: FastAPI, *, pool: Any | None = None, redis_ping: ReadinessCheck | None = None
+) -> None:
+    """Register the readiness checks of a process's stores, named the same in every service: ``database``
+    (``SELECT 1`` on the asyncpg ``pool``) and ``redis`` (``redis_ping``, e.g. a client's bound ``ping``). A
+    store left None gets no check."""
+    if pool is not None:
+
+        async def database() -> object:
+            return await pool.fetchval("SELECT 1")
+
+        app.state.readiness_checks["database"] = database
+    if redis_ping is not None:
+        app.state.readiness_checks["redis"] = redis_ping
+
+
 def create_app(
     service: str,
     *,
@@ -149,6 +158,7 @@ def create_app(
     version: str = "0.1.0",
     lifespan: Lifespan | None = None,
     horde_errors: bool = True,
+    settings: HordeSettings | None = None,
     **fastapi_kwargs: Any,
 ) -> FastAPI:
     """Build a FastAPI app for ``service`` with health, readiness and metrics routes.
@@ -161,7 +171,7 @@ def create_app(
     - With ``horde_errors``, the in-flight cap (:class:`horde_core.capacity.InFlightLimit`,
       HORDE_MAX_IN_FLIGHT_REQUESTS): 503 ServiceAtCapacity with Retry-After past it.
     - Upstream's rate limits of the read and worker routes (:data:`horde_core.ratelimit.ROUTE_LIMITS`), counted
-      before routing once the service has put its settings on ``app.state.settings``.
+      before routing with the service's ``settings`` (kept on ``app.state.settings``; none: nothing counted).
 
     ``horde_errors`` installs the Horde envelope handlers; the OpenAI front passes False and installs its own.
     """
@@ -169,6 +179,7 @@ def create_app(
         title=title or f"Horde Chat {service}", version=version, lifespan=lifespan, **fastapi_kwargs
     )
     app.state.service = service
+    app.state.settings = settings
     app.state.readiness_checks = {}
     app.add_middleware(RouteLimitMiddleware, state=app.state)
     if horde_errors:

@@ -5,7 +5,7 @@ Every service reads its bodies with :func:`read_json_body` (or :func:`read_bound
 :func:`parse_json_body`, to look at the raw bytes in between) under its route's :class:`BodyLimits`, and maps
 the exceptions to its own error envelope: :class:`BodyTooLarge` to 413, :class:`BodyReadTimeout` to 408
 RequestBodyTimeout, :class:`InvalidContentLength` and :class:`JsonStructureError` to 400, and the contract's
-``ChatContractError`` of ``load_json_body`` (invalid JSON, NaN, Infinity, a lone surrogate, a NUL) as it is.
+``HordeError`` of ``load_json_body`` (invalid JSON, NaN, Infinity, a lone surrogate, a NUL) as it is.
 
 Why the structure bound: json builds about 70 bytes of Python objects for each ``{}`` of ``[{},{},…]``, so a
 12 MB body would take 300 MiB while it is parsed. The scan counts elements (each ``[``, ``{`` and ``,``
@@ -207,7 +207,7 @@ def parse_json_body(
     """The body parsed by the contract's ``load_json_body`` once :func:`check_json_structure` has passed it.
 
     Raises :class:`JsonStructureError` past ``limits``' elements or depth, and the contract's
-    ``ChatContractError`` (400 BadRequest for invalid JSON, NaN, Infinity and lone surrogates; 400
+    ``HordeError`` (400 BadRequest for invalid JSON, NaN, Infinity and lone surrogates; 400
     NulByteInPayload for a NUL with ``refuse_nul``). With ``allow_empty`` an empty body is ``None``.
     """
     if allow_empty and not raw:
@@ -228,7 +228,7 @@ async def read_json_body(
     """Read the body within ``limits.max_bytes`` and ``read_timeout`` seconds (:func:`read_bounded_body`), then
     check its structure and parse it (:func:`parse_json_body`). Raises :class:`BodyTooLarge`,
     :class:`BodyReadTimeout`, :class:`InvalidContentLength`, :class:`JsonStructureError` or the contract's
-    ``ChatContractError``."""
+    ``HordeError``."""
     raw = await read_bounded_body(
         request, limits.max_bytes, read_timeout, strict_content_length=strict_content_length
     )

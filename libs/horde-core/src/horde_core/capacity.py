@@ -1,4 +1,4 @@
-"""The in-flight cap of a native service process (issue 10 item 4: graceful behaviour past saturation).
+"""The in-flight cap of a native service process (graceful behaviour past saturation).
 
 A pure ASGI middleware counts the requests a process is working on. Past ``HORDE_MAX_IN_FLIGHT_REQUESTS``
 a new request is refused at once with 503 ``ServiceAtCapacity`` and ``Retry-After``, before its body is read,

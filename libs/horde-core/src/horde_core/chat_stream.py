@@ -1,6 +1,6 @@
 """The progress-stream wire format, in one place for dispatch, submit, admission and the front.
 
-Spec: chat-requests.md *Streaming progress*, *Job lease*; chat-front.md *Relayed deltas*. Leases and streams
+See docs/native-api.md#progress, #job-lease; docs/openai-front.md#streaming. Leases and streams
 live on the chat signal database (``CHAT_SIGNAL_DB``, 7; pass a :func:`horde_core.redis_keys.signal_client`
 to every helper here):
 
@@ -191,7 +191,7 @@ _LUA_PRELUDE = "\n".join(
     ]
 )
 
-#: Check and append one progress post, atomically (spec: *Streaming progress*).
+#: Check and append one progress post, atomically (docs/native-api.md#progress).
 #:
 #: KEYS[1]: the lease. The request's stream key is built from the lease's ``request`` field. ARGV: key check,
 #: seq, content, reasoning ('' when none), has_reasoning (ON/OFF), stream max entries, stream TTL seconds,
@@ -243,7 +243,7 @@ return {STATUS.ok, tostring(seq), cancelled, f[LEASE.started] or '0', f[LEASE.jo
 """
 )
 
-#: Flag the leases of a cancelled request (spec: *Streaming progress*).
+#: Flag the leases of a cancelled request (docs/native-api.md#progress).
 #:
 #: KEYS[1]: the request's progress stream; KEYS[2..]: the leases; ARGV[1..n]: their generation ids, ARGV[n+1]:
 #: stream max entries, ARGV[n+2]: stream TTL seconds. Only leases that still exist are written (``cancelled``
@@ -275,7 +275,7 @@ return flagged
 def lease_key_check(stored_key_hash: str | None) -> str:
     """The lease's ``key``: SHA-256 hex of the owner's *stored* API key hash (``users.api_key`` as
     ``horde_store.users.hash_api_key`` makes it). Dispatch writes it at pop; the progress route compares the
-    posting key's value, so the route authenticates from the lease alone (spec: *Streaming progress*)."""
+    posting key's value, so the route authenticates from the lease alone (docs/native-api.md#progress)."""
     return hashlib.sha256((stored_key_hash or "").encode("utf-8")).hexdigest()
 
 
@@ -287,7 +287,7 @@ def lease_expiry_seconds(job_ttl: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class StreamLease:
-    """The lease a pop writes for one generation carrying the stream hint (spec: *Streaming progress*).
+    """The lease a pop writes for one generation carrying the stream hint (docs/native-api.md#progress).
 
     ``key_check`` is :func:`lease_key_check` of the owner's stored key hash; ``max_bytes`` the byte cap of
     content plus reasoning; ``started`` the job lease's start in Unix seconds; ``job_ttl`` and ``lease_cap`` in
@@ -391,8 +391,8 @@ return 1
 
 async def extend_lease(client: redis.Redis | None, generation_id: str, *, started: int, job_ttl: int) -> bool:
     """Record a renewed job lease on the stream lease, when it still exists: ``job_ttl`` (seconds from
-    ``started``, Unix seconds) and the expiry moved to ``started + job_ttl`` plus the grace (spec: *Job
-    lease*). Best effort: False when the lease is gone, or (logged) on a Redis failure; never raises."""
+    ``started``, Unix seconds) and the expiry moved to ``started + job_ttl`` plus the grace (see
+    docs/native-api.md#job-lease). Best effort: False when the lease is gone, or (logged) on a Redis failure; never raises."""
     if client is None:
         return False
     key = stream_lease_key(generation_id)

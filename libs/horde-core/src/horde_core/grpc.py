@@ -7,6 +7,8 @@ from collections.abc import Callable, Iterable
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from horde_core.grpc_errors import StoreOutageInterceptor
+
 ServicerRegistrar = Callable[[grpc.aio.Server], None]
 
 
@@ -16,10 +18,11 @@ async def start_grpc_server(
     """Start an aio server on ``host:port`` serving ``register``'s servicers and grpc.health.v1.
 
     Every name in ``service_names`` (full names such as ``horde.dispatch.v1.WorkerPoolService``) and the
-    overall ``""`` service report SERVING. Stop it with ``await server.stop(grace_seconds)``.
+    overall ``""`` service report SERVING. A store outage raised by a servicer is answered UNAVAILABLE
+    (:class:`horde_core.grpc_errors.StoreOutageInterceptor`). Stop it with ``await server.stop(grace_seconds)``.
     Raises ``RuntimeError`` when the port cannot be bound.
     """
-    server = grpc.aio.server()
+    server = grpc.aio.server(interceptors=[StoreOutageInterceptor()])
     register(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

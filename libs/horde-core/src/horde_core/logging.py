@@ -2,7 +2,7 @@
 
 Records are handed to a :class:`logging.handlers.QueueListener` thread that formats and writes them, so a log
 line never makes the event loop wait on a full stderr pipe (a slow log collector, or honcho under load), and
-its JSON formatting runs off the request path (issue 10: one INFO line per submit was a tenth of submit's CPU).
+its JSON formatting runs off the request path (one INFO line per submit was a tenth of submit's CPU).
 The backlog is bounded (:data:`LOG_BACKLOG_RECORDS`): while stderr is stalled, records past it are dropped and
 counted (``horde_log_records_dropped_total``), so a flood of log lines cannot grow the process's memory.
 """

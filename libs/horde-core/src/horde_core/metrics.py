@@ -1,15 +1,16 @@
-"""Prometheus metrics: spec instrument names with ``_`` for ``.`` (ARCHITECTURE.md, last table).
+"""Prometheus metrics: spec instrument names with ``_`` for ``.`` (README.md#architecture).
 
-Each process uses the default registry; ``/metrics`` serves it. Counters are created once at import of
-the module that owns them, via :func:`counter` / :func:`histogram`, which return the existing collector
-when a name is registered twice (tests build several apps in one process).
+Each process uses the default registry; ``/metrics`` serves it. Instruments are created once at import of
+the module that owns them, via :func:`counter` / :func:`histogram` / :func:`gauge`, which return the existing
+collector when a name is registered twice (tests build several apps in one process). The label values several
+services share are computed here: :func:`size_bucket`, :func:`flag`, :func:`requester_kind`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from prometheus_client import REGISTRY, Counter, Histogram
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.registry import Collector
 
 # Bucket sets shared by every service (the spec's horde/metrics.py): short operations in seconds (a native or
@@ -62,6 +63,38 @@ BUCKETS_REQUEST_LIFECYCLE_SECONDS: tuple[float, ...] = (
 )
 
 
+#: The ``horde.size_bucket`` edges (TEXT_LENGTH_BUCKETS, docs/native-api.md#job-lease): a length's label is the first
+#: bucket whose upper bound it does not pass, ``>4096`` past the last.
+TEXT_LENGTH_BUCKETS: tuple[tuple[int, str], ...] = (
+    (512, "<=512"),
+    (1024, "513-1024"),
+    (2048, "1025-2048"),
+    (4096, "2049-4096"),
+)
+TEXT_LENGTH_OVER_LABEL = ">4096"
+
+
+def size_bucket(tokens: int) -> str:
+    """``horde.size_bucket`` of a length in tokens: <=512, 513-1024, 1025-2048, 2049-4096 or >4096."""
+    for bound, label in TEXT_LENGTH_BUCKETS:
+        if tokens <= bound:
+            return label
+    return TEXT_LENGTH_OVER_LABEL
+
+
+def flag(value: bool) -> str:
+    """A boolean label value: ``true`` or ``false``."""
+    return "true" if value else "false"
+
+
+def requester_kind(*, anonymous: bool, shared_key: bool) -> str:
+    """``horde.requester``: ``anonymous`` (the anonymous user, id 0), ``shared_key`` (a request made with a
+    registered user's shared key) or ``registered``."""
+    if anonymous:
+        return "anonymous"
+    return "shared_key" if shared_key else "registered"
+
+
 def metric_name(spec_name: str) -> str:
     """``horde.chat.worker_faults`` → ``horde_chat_worker_faults``."""
     return spec_name.replace(".", "_")
@@ -99,3 +132,12 @@ def histogram(
     if isinstance(found, Histogram):
         return found
     return Histogram(name, documentation, [label_name(a) for a in attributes], buckets=buckets)
+
+
+def gauge(spec_name: str, documentation: str, attributes: Sequence[str] = ()) -> Gauge:
+    """A gauge named after the spec instrument, with one label per spec attribute."""
+    name = metric_name(spec_name)
+    found = _existing(name)
+    if isinstance(found, Gauge):
+        return found
+    return Gauge(name, documentation, [label_name(a) for a in attributes])

@@ -1,5 +1,5 @@
-"""Queue announcements, "a job may have become available", for dispatch's long-poll pop (README: Long-poll
-pop).
+"""Queue announcements, "a job may have become available", for dispatch's long-poll pop
+(docs/worker-guide.md#long-poll).
 
 Admission publishes one after each newly created active request commits, and submit after each job restart (a
 faulted submit, or a lapsed lease the janitor faults through submit's ``FaultGeneration``). Dispatch processes

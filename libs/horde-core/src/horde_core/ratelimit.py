@@ -4,7 +4,7 @@ storage format and strategy, as upstream), so every replica of a service shares 
 - :class:`Limiter` counts hits and raises 429 ``RateLimitExceeded`` (with ``Retry-After``) when a limit is
   exceeded. A store that errs or does not answer within ``HORDE_RATE_LIMIT_TIMEOUT_SECONDS`` lets the request
   through (logged, counted on ``horde_rate_limit_store_errors_total``): rate limiting never takes a route down.
-- :data:`ROUTE_LIMITS` is upstream's table for the read and worker routes (ai-horde-text-path.md §9), which
+- :data:`ROUTE_LIMITS` is upstream's table for the read and worker routes (docs/native-api.md#rate-limits), which
   :class:`RouteLimitMiddleware` applies before a request is routed (so before its body is read), in every
   service built with :func:`horde_core.app.create_app`. The generate routes (``POST .../async``) count their
   limits in the route (admission's ``RateLimiter``: per address and per key, whitelists).
@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from horde_contract.errors import RC, HordeError
 from limits import RateLimitItem, parse_many
 from limits.aio.strategies import FixedWindowRateLimiter
 from limits.storage import storage_from_string
@@ -30,7 +31,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from horde_core.errors import HordeError
 from horde_core.metrics import counter
 from horde_core.settings import HordeSettings
 
@@ -60,7 +60,7 @@ def client_address(request: Request, proxy_passkeys: Iterable[str] = ()) -> str:
 
     The peer address, which uvicorn has already replaced by the ``X-Forwarded-For`` client when the peer is a
     trusted proxy (``HORDE_FORWARDED_ALLOW_IPS``); or the first ``Proxied-For`` address when the request carries
-    a known proxy passkey in ``Proxy-Authorization`` (the front forwarding its client, spec: Rate limits).
+    a known proxy passkey in ``Proxy-Authorization`` (the front forwarding its client, docs/native-api.md#rate-limits).
     """
     passkey = request.headers.get("Proxy-Authorization")
     proxied_for = request.headers.get("Proxied-For")
@@ -107,7 +107,7 @@ class Limiter:
                 retry_after = max(1, math.ceil(stats.reset_time - time.time()))
                 raise HordeError(
                     429,
-                    "RateLimitExceeded",
+                    RC.RateLimitExceeded,
                     f"Rate limit exceeded: {item}",
                     headers={"Retry-After": str(retry_after)},
                 )

@@ -1,22 +1,32 @@
-"""Redis clients, the completion signal channel and its publisher (spec: Completion signal).
+"""Redis clients and the names of every Redis key and channel the services use.
 
 Signals publish on logical database ``CHAT_SIGNAL_DB`` (7); Redis delivers pub/sub on every logical
 database, so a subscriber only needs the host. Stream leases and progress streams live on the same database;
-their keys, fields and scripts are in :mod:`horde_core.chat_stream`.
+their keys, fields and scripts are in :mod:`horde_core.chat_stream`, the queue announcement channel and message
+in :mod:`horde_core.queue_announce`, the completion signal's message and publishers in :mod:`horde_core.signals`.
+Rate-limit counters are the ``limits`` library's own keys (:mod:`horde_core.ratelimit`).
 """
 
 from __future__ import annotations
 
-import json
-import logging
 from typing import Any
 
 import redis.asyncio as redis
 
-log = logging.getLogger(__name__)
-
 CHAT_SIGNAL_DB = 7
+
+#: The set of object keys the store did not delete, which the janitor retries (admission and janitor add to it).
 CHAT_IMAGE_DELETE_RETRY_KEY = "horde:chat:image_delete_retry"
+#: ``horde:admission:availability:<request id>``: a request's availability, kept for its status reads.
+AVAILABILITY_CACHE_KEY_PREFIX = "horde:admission:availability:"
+#: ``horde:admission:models:v2:<chat | text>``: the cached answer of a models route.
+MODELS_CACHE_KEY_PREFIX = "horde:admission:models:v2:"
+#: ``horde:oai:hub:<token>``: the front's signal hub's own channel, one per process (nobody publishes on it).
+SIGNAL_HUB_CHANNEL_PREFIX = "horde:oai:hub:"
+#: ``horde:oai:relay:<request id>``: who may resume a relayed stream, on the front's stream database.
+RELAY_RECORD_PREFIX = "horde:oai:relay:"
+#: ``horde:oai:operation:<call key>``: the record of one client call, on the front's stream database.
+OPERATION_RECORD_PREFIX = "horde:oai:operation:"
 
 #: Client timeouts of every Redis client made here, so a hung or unreachable store fails a command fast
 #: (redis.exceptions.TimeoutError / ConnectionError, which the app factory answers 503) instead of holding
@@ -29,6 +39,32 @@ REDIS_CONNECT_TIMEOUT_SECONDS = 2.0
 def chat_signal_channel(request_id: str) -> str:
     """``horde:chat:<request id>``: the completion signal channel of one chat request."""
     return f"horde:chat:{request_id}"
+
+
+def availability_cache_key(request_id: str) -> str:
+    """``horde:admission:availability:<request id>``."""
+    return f"{AVAILABILITY_CACHE_KEY_PREFIX}{request_id}"
+
+
+def models_cache_key(chat: bool) -> str:
+    """``horde:admission:models:v2:chat`` or ``...:text``: the cache key of the computed text model list
+    (``chat`` is the only parameter that shapes it)."""
+    return f"{MODELS_CACHE_KEY_PREFIX}{'chat' if chat else 'text'}"
+
+
+def signal_hub_channel(token: str) -> str:
+    """``horde:oai:hub:<token>``."""
+    return f"{SIGNAL_HUB_CHANNEL_PREFIX}{token}"
+
+
+def relay_record_key(request_id: str) -> str:
+    """``horde:oai:relay:<request id>``: who may resume a relayed stream, on the stream database."""
+    return f"{RELAY_RECORD_PREFIX}{request_id}"
+
+
+def operation_record_key(call_key: str) -> str:
+    """``horde:oai:operation:<call key>``: the record of one client call, on the stream database."""
+    return f"{OPERATION_RECORD_PREFIX}{call_key}"
 
 
 def redis_client(url: str, db: int | None = None, **kwargs: Any) -> redis.Redis:
@@ -49,28 +85,3 @@ def signal_client(url: str) -> redis.Redis:
     """A client on the chat signal database (7) of the Redis at ``url``, whatever database the URL names: the
     completion signal, stream leases and progress streams all go through it."""
     return redis_client(url, db=CHAT_SIGNAL_DB)
-
-
-async def publish_chat_event(
-    client: redis.Redis,
-    request_id: str,
-    event: str,
-    generations: int,
-    fault_reason: str | None = None,
-    fault_rc: str | None = None,
-) -> bool:
-    """Publish ``{"id", "event", "generations"[, "fault_reason", "fault_rc"]}`` on the request's channel.
-
-    ``event`` is generation, done, cancelled or faulted. Best effort: a Redis failure is logged and
-    returns False, never raises (spec: Completion signal).
-    """
-    message: dict[str, Any] = {"id": request_id, "event": event, "generations": generations}
-    if event == "faulted" and (fault_reason is not None or fault_rc is not None):
-        message["fault_reason"] = fault_reason
-        message["fault_rc"] = fault_rc
-    try:
-        await client.publish(chat_signal_channel(request_id), json.dumps(message, separators=(",", ":")))
-    except Exception:
-        log.warning("chat signal publish failed", extra={"request_id": request_id, "event": event}, exc_info=True)
-        return False
-    return True

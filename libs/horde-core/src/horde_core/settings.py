@@ -14,7 +14,7 @@ from limits import parse_many
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-#: Upstream's per-address limits of the read and worker routes (ai-horde-text-path.md §9, flask-limiter
+#: Upstream's per-address limits of the read and worker routes (docs/native-api.md#rate-limits, flask-limiter
 #: notation): status GET/DELETE 60/minute per address, method and path (the path holds the request id); pop
 #: and submit 60/second per address; undecorated routes (the worker look-ups) the application default,
 #: 90/minute.
@@ -27,7 +27,7 @@ READ_REQUEST_LIMIT_PER_IP = "90/minute"
 class HordeSettings(BaseSettings):
     """Settings shared by every Horde Chat process.
 
-    Ports follow ARCHITECTURE.md ("Local stack and ports"). gRPC targets default to the local ports.
+    Ports follow README.md#architecture. gRPC targets default to the local ports.
     """
 
     model_config = SettingsConfigDict(env_prefix="HORDE_", extra="ignore")
@@ -88,7 +88,7 @@ class HordeSettings(BaseSettings):
     # upload cannot hold a connection and its buffer forever.
     body_read_timeout_seconds: float = Field(default=60.0, gt=0)
     janitor_interval_seconds: float = Field(default=60.0, gt=0)
-    #: The job lease in seconds (spec: Job lease): the pop's ``ttl`` and the ``job_ttl`` it writes, the stream
+    #: The job lease in seconds (docs/native-api.md#job-lease): the pop's ``ttl`` and the ``job_ttl`` it writes, the stream
     #: lease's expiry from it, and what a renewing progress post extends the lease to from the post. The
     #: spec's value is the default; tests shorten it to watch a lease lapse or be renewed. The speed gate keeps
     #: the contract's constant.
@@ -149,5 +149,5 @@ class HordeSettings(BaseSettings):
 
     @property
     def messages_bucket(self) -> str:
-        """The bucket offloaded messages go to; the image bucket unless set (spec: Messages offload)."""
+        """The bucket offloaded messages go to; the image bucket unless set (docs/native-api.md#messages-offload)."""
         return self.s3_messages_bucket or self.s3_image_bucket

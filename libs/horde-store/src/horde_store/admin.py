@@ -111,19 +111,22 @@ async def _run(args: argparse.Namespace, dsn: str) -> dict[str, Any]:
         await conn.close()
 
 
+#: The user columns ``user create`` sets, and sets again when ``--rotate-if-exists`` finds the user.
+_USER_PROFILE = ("kudos", "trusted", "patron", "concurrency")
+
+
+def _options(args: argparse.Namespace, *names: str) -> dict[str, Any]:
+    """The parsed options ``names`` as keyword arguments (the users functions take the options' names)."""
+    return {name: getattr(args, name) for name in names}
+
+
 async def _run_on(conn: asyncpg.Connection, args: argparse.Namespace) -> dict[str, Any]:
     salt = _salt()
     try:
         if args.command == "user" and args.action == "create":
             try:
                 user, key = await users.create_user(
-                    conn,
-                    args.username,
-                    salt=salt,
-                    kudos=args.kudos,
-                    trusted=args.trusted,
-                    patron=args.patron,
-                    concurrency=args.concurrency,
+                    conn, args.username, salt=salt, **_options(args, *_USER_PROFILE)
                 )
             except users.UserExists:
                 if not args.rotate_if_exists:
@@ -135,40 +138,20 @@ async def _run_on(conn: asyncpg.Connection, args: argparse.Namespace) -> dict[st
                         args.username,
                         users.hash_api_key(key, salt),
                     )
-                    user = await users.set_user(
-                        conn,
-                        args.username,
-                        kudos=args.kudos,
-                        trusted=args.trusted,
-                        patron=args.patron,
-                        concurrency=args.concurrency,
-                    )
+                    user = await users.set_user(conn, args.username, **_options(args, *_USER_PROFILE))
             return {"id": user.id, "username": user.username, "api_key": key}
         if args.command == "user" and args.action == "show":
             return await _show_user(conn, args.username)
         if args.command == "user" and args.action == "set":
             user = await users.set_user(
-                conn,
-                args.username,
-                kudos=args.kudos,
-                min_kudos=args.min_kudos,
-                concurrency=args.concurrency,
-                trusted=args.trusted,
-                patron=args.patron,
-                flagged=args.flagged,
-                deleted=args.deleted,
+                conn, args.username, **_options(args, *_USER_PROFILE, "min_kudos", "flagged", "deleted")
             )
             return user.to_json()
         if args.command == "worker" and args.action == "set":
             return await _set_worker(conn, args)
         if args.command == "shared-key" and args.action == "create":
             shared = await users.create_shared_key(
-                conn,
-                args.username,
-                kudos=args.kudos,
-                expiry_days=args.expiry_days,
-                max_text_tokens=args.max_text_tokens,
-                name=args.name,
+                conn, args.username, **_options(args, "kudos", "expiry_days", "max_text_tokens", "name")
             )
             return {"key": str(shared.id), "username": args.username, **shared.to_json()}
     except (users.UserNotFound, users.UserExists, ValueError) as exc:
@@ -192,15 +175,13 @@ async def _show_user(conn: asyncpg.Connection, username: str) -> dict[str, Any]:
         """,
         user.id,
     )
-    requests = [
-        {**dict(row), "id": str(row["id"]), "created": row["created"].isoformat()} for row in rows
-    ]
+    requests = [{**dict(row), "id": str(row["id"]), "created": row["created"].isoformat()} for row in rows]
     return {**user.to_json(), "requests": requests}
 
 
 async def _set_worker(conn: asyncpg.Connection, args: argparse.Namespace) -> dict[str, Any]:
     """``worker set``: the operator's way out of the automatic maintenance a worker enters after too many
-    dropped jobs (ai-horde-text-path.md §6); unset flags are left as they are."""
+    dropped jobs (docs/native-api.md#workers); unset flags are left as they are."""
     row = await conn.fetchrow(
         """
         UPDATE workers SET

@@ -10,7 +10,7 @@ the default of every ``pool.acquire()`` and of the pool's own ``fetch``/``execut
 A released connection goes back to the pool without asyncpg's reset query (``RESET ALL``, ``UNLISTEN *``,
 ``CLOSE ALL``, advisory unlock): no service keeps session state on a pooled connection (no ``SET``, session
 advisory lock, ``LISTEN`` or cursor outside a transaction), and that query was one more round trip on every
-release, several per request (issue 10). asyncpg still rolls back a transaction left open.
+release, several per request. asyncpg still rolls back a transaction left open.
 """
 
 from __future__ import annotations
@@ -20,6 +20,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
+
+#: What a statement runs on: a connection of :func:`connect` or one acquired from a pool.
+Conn = asyncpg.Connection | PoolConnectionProxy
+#: A :data:`Conn` or the pool itself (asyncpg's pool runs ``fetch``/``execute`` on a connection it acquires):
+#: for statements that need no transaction.
+ConnOrPool = Conn | asyncpg.Pool
 
 #: Opening one connection (asyncpg's ``timeout``; its default is 60 s).
 CONNECT_TIMEOUT_SECONDS = 5.0

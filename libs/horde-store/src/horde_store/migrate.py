@@ -1,4 +1,4 @@
-"""The schema's one migration history (ARCHITECTURE.md "Stores"): numbered ``.sql`` files in
+"""The schema's one migration history (README.md#architecture): numbered ``.sql`` files in
 ``horde_store/migrations/``, applied in order and recorded in ``schema_migrations``.
 
 File rules:

@@ -1,6 +1,6 @@
 """Load the text model reference from a local file (``HORDE_TEXT_MODEL_REFERENCE``).
 
-Upstream fetches ``db.json`` from GitHub every hour (text path §10); this deployment reads a local copy in the
+Upstream fetches ``db.json`` from GitHub every hour (docs/native-api.md#model-reference); this deployment reads a local copy in the
 same format once, when the process starts. Admission reads it for the known-model check and the quote/hold,
 submit for the generation's price. The rules themselves are :class:`horde_contract.TextModelReference`'s.
 """

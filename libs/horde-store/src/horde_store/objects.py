@@ -1,5 +1,5 @@
 """Object storage (S3 API via boto3): chat images ``<req>_chat_<n>.jpg`` and offloaded messages
-``<req>_chat_messages.json`` (spec: Images, Messages offload; ARCHITECTURE.md "Stores").
+``<req>_chat_messages.json`` (docs/native-api.md#images, #messages-offload; README.md#architecture).
 
 boto3 is synchronous: async callers run these calls in a thread (``asyncio.to_thread``). Clients use
 path-style addressing (``http://host:port/bucket/key``) so that moto, MinIO and Garage on a bare
@@ -142,19 +142,19 @@ def ensure_buckets(client: Any, buckets: Iterable[str], *, region: str | None = 
 
 
 def chat_image_key(request_id: object, n: int) -> str:
-    """``<request id>_chat_<n>.jpg``, n counting the request's images from 0 (spec: Images)."""
+    """``<request id>_chat_<n>.jpg``, n counting the request's images from 0 (docs/native-api.md#images)."""
     return f"{request_id}_chat_{n}.jpg"
 
 
 def chat_messages_key(request_id: object) -> str:
-    """``<request id>_chat_messages.json`` (spec: Messages offload)."""
+    """``<request id>_chat_messages.json`` (docs/native-api.md#messages-offload)."""
     return f"{request_id}_chat_messages.json"
 
 
 def delete_objects(client: Any, bucket: str, keys: Iterable[str]) -> list[str]:
     """Delete ``keys`` from ``bucket`` with S3 DeleteObjects (batches of :data:`DELETE_OBJECTS_BATCH`, quiet
     mode) and return the keys that were **not** deleted, in order, so the caller can queue them for a retry
-    (spec: chat-requests.md *Images*: "A key the store does not delete is added to the Redis set
+    (docs/native-api.md#images: "A key the store does not delete is added to the Redis set
     horde:chat:image_delete_retry").
 
     A key is not deleted when its batch's call raised (a transport error, an unknown bucket, AccessDenied on

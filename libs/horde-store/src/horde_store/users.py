@@ -1,4 +1,4 @@
-"""Users, API keys and shared keys (reference/ai-horde-text-path.md §1 "apikey", §5).
+"""Users, API keys and shared keys (docs/native-api.md#text-route, #kudos).
 
 API keys are stored as ``sha256_hex(salt + key)`` (upstream ``horde/utils.py hash_api_key``), the salt
 being ``HORDE_SECRET_KEY``. The anonymous key ``0000000000`` maps to user id 0 whatever the salt.

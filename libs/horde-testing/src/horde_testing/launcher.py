@@ -1,10 +1,12 @@
-"""Launch service processes for e2e tests: each its own process group, logs to a temp file, health
-polled over HTTP, stopped with SIGTERM then SIGKILL, and never left behind (not even when the test
-process is killed: see :mod:`horde_testing._proc`).
+"""Launch the processes tests need (services, workers, model servers): each its own process group, logs to
+a temp file, health polled over HTTP, stopped with SIGTERM then SIGKILL, and never left behind (not even
+when the test process is killed: see :mod:`horde_testing._proc`). Every test that starts a process starts it
+through :class:`ServiceProcess`.
 
     with ServiceProcess("admission", [sys.executable, "-m", "horde_admission"],
                         env={**horde_settings_env, "HORDE_ADMISSION_HTTP_PORT": str(port)},
-                        health_url=f"http://127.0.0.1:{port}/healthz") as svc:
+                        health_url=f"http://127.0.0.1:{port}/healthz",
+                        url=f"http://127.0.0.1:{port}") as svc:
         ...  # started and healthy here; stopped on exit (log tail printed if the block raised)
 """
 
@@ -17,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
@@ -39,8 +41,11 @@ class ServiceProcess:
 
     ``argv``: the command (``[sys.executable, "-m", "horde_admission"]``). ``env``: variables set on top
     of ``os.environ`` (``inherit_env=False``: the whole environment). ``health_url``: polled by
-    :meth:`wait_healthy` until it answers 200 (None: only "still running" is checked).
-    ``stop_timeout``: seconds between SIGTERM and SIGKILL in :meth:`stop`.
+    :meth:`wait_healthy` until it answers 200 (None: only "still running" is checked). ``url``: the
+    service's base URL (``http://127.0.0.1:<port>``), kept for the test's requests. ``stop_timeout``:
+    seconds between SIGTERM and SIGKILL in :meth:`stop`; ``startup_timeout``: the default of
+    :meth:`wait_healthy`. stdout and stderr both go to :attr:`log_path` (:meth:`log_text`,
+    :meth:`log_tail`, :meth:`wait_log`).
     """
 
     def __init__(
@@ -54,11 +59,13 @@ class ServiceProcess:
         inherit_env: bool = True,
         stop_timeout: float = 10.0,
         startup_timeout: float = 30.0,
+        url: str | None = None,
     ) -> None:
         self.name = name
         self.argv = list(argv)
         self.env = dict(env or {})
         self.health_url = health_url
+        self._url = url
         self.cwd = cwd
         self.inherit_env = inherit_env
         self.stop_timeout = stop_timeout
@@ -143,6 +150,13 @@ class ServiceProcess:
     # -- inspection ----------------------------------------------------------------------------------
 
     @property
+    def url(self) -> str:
+        """The base URL given at construction (ServiceError if none was)."""
+        if self._url is None:
+            raise ServiceError(f"{self.name}: no url was given")
+        return self._url
+
+    @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
 
@@ -160,6 +174,18 @@ class ServiceProcess:
 
     def log_tail(self, lines: int = 80) -> str:
         return f"--- {self.name} log ({self.log_path}), last {lines} lines ---\n{tail(self.log_path, lines)}"
+
+    def wait_log(self, found: Callable[[str], bool] | str, timeout: float = 10.0) -> str:
+        """The whole log once ``found`` (a substring, or a test of the whole log) holds, or as it is after
+        ``timeout`` seconds (the caller asserts on it): a service may write a line a moment after the
+        response it describes (a logging thread, a buffered stream)."""
+        test: Callable[[str], bool] = (lambda text: found in text) if isinstance(found, str) else found
+        deadline = time.monotonic() + timeout
+        text = self.log_text()
+        while not test(text) and time.monotonic() < deadline:
+            time.sleep(0.02)
+            text = self.log_text()
+        return text
 
     # -- context manager -----------------------------------------------------------------------------
 

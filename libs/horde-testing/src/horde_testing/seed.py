@@ -9,14 +9,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
-from asyncpg.pool import PoolConnectionProxy
+from horde_store.db import Conn
 from horde_store.users import create_user
 
 from horde_testing.pytest_plugin import TEST_SECRET_KEY
 
 DEFAULT_MODEL = "test/model-7b"
-
-Conn = asyncpg.Connection | PoolConnectionProxy
 
 
 @dataclass

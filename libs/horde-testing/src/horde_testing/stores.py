@@ -1,5 +1,5 @@
 """Real stores for tests and the local stack: an env URL, else a container when a Docker engine answers,
-else an embedded server (ARCHITECTURE.md "Stores"; no in-memory fakes).
+else an embedded server (README.md#architecture; no in-memory fakes).
 
 Each store is a context manager yielding where it is; whatever it started is stopped on exit (and, for
 processes, when we die: see :mod:`horde_testing._proc`).

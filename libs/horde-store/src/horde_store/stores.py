@@ -1,0 +1,68 @@
+"""The stores of one service process, opened and closed the same way by every service's lifespan.
+
+:func:`open_stores` opens the PostgreSQL pool (:func:`horde_store.db.create_pool`, sized by
+``HORDE_DB_POOL_MIN_SIZE``/``HORDE_DB_POOL_MAX_SIZE``), a Redis client on the chat signal database
+(:func:`horde_core.redis_keys.signal_client`: completion signals, stream leases, queue announcements) and, when
+asked, a Redis client on the URL's own database (caches, rate limits, the image delete retry set) and an S3
+client (:func:`horde_store.objects.make_s3_client`). It registers the ``database`` and ``redis`` readiness
+checks of ``/readyz`` (:func:`horde_core.app.add_store_readiness`) and closes every client it opened when the
+block ends, after whatever the service stopped inside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+import redis.asyncio as redis
+from fastapi import FastAPI
+from horde_core.app import add_store_readiness
+from horde_core.redis_keys import redis_client, signal_client
+from horde_core.settings import HordeSettings
+
+from horde_store.db import create_pool
+from horde_store.objects import make_s3_client
+
+
+@dataclass(frozen=True, slots=True)
+class Stores:
+    """The store clients of one process: ``pool`` (PostgreSQL), ``signals`` (Redis, chat signal database 7),
+    ``cache`` (Redis, the URL's database; None unless asked for) and ``s3`` (a boto3 S3 client; None unless
+    asked for)."""
+
+    pool: asyncpg.Pool
+    signals: redis.Redis
+    cache: redis.Redis | None = None
+    s3: Any | None = None
+
+
+@asynccontextmanager
+async def open_stores(
+    app: FastAPI, settings: HordeSettings, *, cache: bool = False, s3: bool = False
+) -> AsyncIterator[Stores]:
+    """Open the stores of ``settings`` (see the module docstring), register their readiness checks on ``app``
+    and yield them; closes the Redis clients and the pool on the way out. Raises what
+    :func:`horde_store.db.create_pool` raises when PostgreSQL is unreachable (the process then does not
+    start)."""
+    pool = await create_pool(
+        settings.database_url, min_size=settings.db_pool_min_size, max_size=settings.db_pool_max_size
+    )
+    signals = signal_client(settings.redis_url)
+    cache_client = redis_client(settings.redis_url) if cache else None
+    stores = Stores(
+        pool=pool, signals=signals, cache=cache_client, s3=make_s3_client(settings) if s3 else None
+    )
+    add_store_readiness(app, pool=pool, redis_ping=signals.ping)
+    try:
+        yield stores
+    finally:
+        if stores.s3 is not None:
+            # Its kept-alive connections would otherwise linger until the client is collected.
+            stores.s3.close()
+        if cache_client is not None:
+            await cache_client.aclose()
+        await signals.aclose()
+        await pool.close()
