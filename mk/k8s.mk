@@ -9,6 +9,10 @@
 # When kubectl is on PATH, check.py also renders with `kubectl kustomize` and requires the same objects.
 # Renders are written to $(K8S_OUT) (one YAML per target) for review or `kubectl apply -f`.
 # Options: K8S_CHECK_ARGS, e.g. "--k8s-version 1.31 --kubectl-crosscheck never".
+# The rules live in deploy/k8s/k8s_policy (one module per family); their tests (tests/k8s) run in `make test`.
+#
+# make k8s-images: build every image of deploy/k8s/images.toml from the root Dockerfile (needs Docker),
+# tagged K8S_IMAGE_TAG.
 
 UV ?= uv
 K8S_TOOLS_DIR ?= .local/k8s-tools
@@ -18,7 +22,10 @@ K8S_PYKUSTOMIZE := $(K8S_TOOLS_DIR)/pykustomize-0.1.4
 
 K8S_UV_RUN = $(UV) run --quiet --no-project --python 3.11 --with-requirements deploy/k8s/tools/requirements.txt
 
-.PHONY: k8s-check k8s-tools
+K8S_IMAGE_TAG ?= dev
+DOCKER ?= docker
+
+.PHONY: k8s-check k8s-tools k8s-images
 
 $(K8S_PYKUSTOMIZE)/.installed: deploy/k8s/tools/pykustomize.txt
 	@command -v $(UV) >/dev/null 2>&1 || python3 -m pip install --quiet uv
@@ -34,3 +41,12 @@ k8s-tools: $(K8S_PYKUSTOMIZE)/.installed
 k8s-check: k8s-tools
 	@PYTHONPATH=$(abspath $(K8S_PYKUSTOMIZE)) $(K8S_UV_RUN) --offline \
 		python deploy/k8s/check.py --out $(K8S_OUT) $(K8S_CHECK_ARGS)
+
+k8s-images:
+	@python3 -c 'import tomllib; [print(n, t["package"], " ".join(map(str, t["ports"]))) \
+		for n, t in tomllib.load(open("deploy/k8s/images.toml", "rb"))["images"].items()]' \
+	| while read -r image package ports; do \
+		echo "== $$image:$(K8S_IMAGE_TAG)"; \
+		$(DOCKER) build --build-arg PACKAGE="$$package" --build-arg PORTS="$$ports" \
+			-t "$$image:$(K8S_IMAGE_TAG)" . || exit 1; \
+	done

@@ -1,4 +1,4 @@
-# mk/llm.mk — a real model behind the reference worker (issue 4). Included by the root Makefile.
+# mk/llm.mk — a real model behind the reference worker. Included by the root Makefile.
 #
 #   make run-llm    the local stack (`make run`) with the worker on the in-process llama.cpp backend and the
 #                   gemma3-270m model (model id gemma-3-270m) instead of the scripted backend

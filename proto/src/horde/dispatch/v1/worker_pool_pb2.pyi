@@ -123,7 +123,7 @@ class GetAvailabilityResponse(_message.Message):
     known_workers: _builtins.int
     """Online chat workers (checked in within 300 s) serving any requested model, paused or in maintenance
     included: a model with one is known (404 UnknownChatModel only without one), while serving_workers
-    decides whether it is served (403 NoEligibleWorker without one) (spec: Known models).
+    decides whether it is served (403 NoEligibleWorker without one) (docs/native-api.md: Known models).
     """
     @_builtins.property
     def declaration_gap(self) -> Global___DeclarationGap:
@@ -151,7 +151,7 @@ Global___GetAvailabilityResponse: _TypeAlias = GetAvailabilityResponse  # noqa: 
 
 @_typing.final
 class DeclarationGap(_message.Message):
-    """The spec's impossible_reason of kind declaration_gap."""
+    """The impossible_reason of kind declaration_gap (docs/native-api.md: Impossible reason)."""
 
     DESCRIPTOR: _descriptor.Descriptor
 

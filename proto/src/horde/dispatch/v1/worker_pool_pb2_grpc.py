@@ -51,8 +51,8 @@ class WorkerPoolServiceServicer:
     def GetAvailability(self, request, context):
         """GetAvailability reports, for a set of models and a request's needs, the online chat workers serving
         those models, their largest chat limits, the eligible threads and their measured speed, and the
-        declaration gap when every serving worker is refused for a declaration (spec: Known models,
-        Context adjustments, Impossible reason, Free output allowance).
+        declaration gap when every serving worker is refused for a declaration (docs/native-api.md: Known
+        models, Context adjustments, Impossible reason, Free output allowance).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

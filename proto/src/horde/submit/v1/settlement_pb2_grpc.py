@@ -26,8 +26,8 @@ if _version_not_supported:
 
 
 class SettlementServiceStub:
-    """SettlementService applies settlement and fault rules to one generation (spec: Pricing, Job lease,
-    Structured submit).
+    """SettlementService applies settlement and fault rules to one generation (docs/native-api.md: Pricing,
+    Job lease, Submit).
     """
 
     def __init__(self, channel):
@@ -49,8 +49,8 @@ class SettlementServiceStub:
 
 
 class SettlementServiceServicer:
-    """SettlementService applies settlement and fault rules to one generation (spec: Pricing, Job lease,
-    Structured submit).
+    """SettlementService applies settlement and fault rules to one generation (docs/native-api.md: Pricing,
+    Job lease, Submit).
     """
 
     def SettleCancelledGeneration(self, request, context):
@@ -92,8 +92,8 @@ def add_SettlementServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class SettlementService:
-    """SettlementService applies settlement and fault rules to one generation (spec: Pricing, Job lease,
-    Structured submit).
+    """SettlementService applies settlement and fault rules to one generation (docs/native-api.md: Pricing,
+    Job lease, Submit).
     """
 
     @staticmethod
