@@ -8,8 +8,16 @@ from typing import Any
 import asyncpg
 from horde_testing.pytest_plugin import TEST_SECRET_KEY
 from horde_testing.seed import create_test_user
+from prometheus_client import REGISTRY
 
-__all__ = ["TEST_SECRET_KEY", "add_chat_worker", "chat_body", "new_user", "unique_model"]
+__all__ = [
+    "TEST_SECRET_KEY",
+    "add_chat_worker",
+    "allowance_decisions",
+    "chat_body",
+    "new_user",
+    "unique_model",
+]
 
 
 async def new_user(db: asyncpg.Connection, *, kudos: float = 1000.0, **kw: Any) -> tuple[int, str]:
@@ -65,3 +73,18 @@ def chat_body(model: str = "m", content: str = "hello", **extra: Any) -> dict[st
 
 def unique_model() -> str:
     return f"model-{uuid.uuid4().hex[:8]}"
+
+
+def allowance_decisions(outcome: str, requested: str, allowance: str, *, requester: str, chat: bool) -> float:
+    """The count of ``horde.text.free_allowance.decisions`` for these labels (0 before the first)."""
+    value = REGISTRY.get_sample_value(
+        "horde_text_free_allowance_decisions_total",
+        {
+            "requester": requester,
+            "outcome": outcome,
+            "requested_bucket": requested,
+            "allowance_bucket": allowance,
+            "chat": "true" if chat else "false",
+        },
+    )
+    return value or 0.0

@@ -1,4 +1,4 @@
-"""POST /v2/generate/chat/async, to the letter of chat-requests.md (issue 8): max_tokens outside 16..16384 is
+"""POST /v2/generate/chat/async, to the letter of docs/native-api.md: max_tokens outside 16..16384 is
 refused (never lowered), a model whose only workers are paused or in maintenance is known (403, not 404), a
 retried operation key finds its request through a used-up or expired shared key, a decompression bomb is
 SourceImageResolutionExceeded, and a shared key's kudos refusal is counted as a free allowance decision."""
@@ -12,8 +12,7 @@ import zlib
 from typing import Any
 
 import pytest
-from admission_helpers import add_chat_worker, chat_body, new_user, unique_model
-from prometheus_client import REGISTRY
+from admission_helpers import add_chat_worker, allowance_decisions, chat_body, new_user, unique_model
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -254,17 +253,7 @@ async def test_decompression_bomb_is_resolution_exceeded(client: Any, db: Any) -
 
 
 def decisions(outcome: str, requested: str, allowance: str, requester: str = "shared_key") -> float:
-    value = REGISTRY.get_sample_value(
-        "horde_text_free_allowance_decisions_total",
-        {
-            "requester": requester,
-            "outcome": outcome,
-            "requested_bucket": requested,
-            "allowance_bucket": allowance,
-            "chat": "true",
-        },
-    )
-    return value or 0.0
+    return allowance_decisions(outcome, requested, allowance, requester=requester, chat=True)
 
 
 async def test_shared_key_kudos_refusals_are_counted(client: Any, db: Any) -> None:

@@ -1,4 +1,4 @@
-"""The text route's availability memo (issue 10): one GetAvailability per needs and memo window.
+"""The text route's availability memo: one GetAvailability per needs and memo window.
 
 Against the real dispatch process of conftest; workers are inserted by SQL as a pop would store them.
 """
@@ -16,7 +16,7 @@ from admission_helpers import add_chat_worker, new_user, unique_model
 from horde.dispatch.v1 import worker_pool_pb2_grpc
 from horde_admission.availability import AvailabilityMemo, RequestNeeds
 from horde_admission.chat import NO_WORKER_WARNING
-from horde_core.errors import HordeError
+from horde_contract.errors import HordeError
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

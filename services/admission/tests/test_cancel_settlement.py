@@ -1,11 +1,11 @@
 """DELETE /v2/generate/chat/status/{id} of a streamed request against a real submit process: the cancel settles
 each in-flight generation on its posted content, and a settlement call that fails never leaves the worker
-penalised for the job it was told to drop (issue 8).
+penalised for the job it was told to drop.
 
-Spec: chat-requests.md **Structured submit** ("For a streamed request it settles each in-flight generation on
+See docs/native-api.md#submit ("For a streamed request it settles each in-flight generation on
 the content its worker posted; the generation is faulted as cancelled, does not count toward the worker's
-aborted-job threshold and is not restarted"), **Pricing**, **Streaming progress** (the lease is flagged, the
-worker's next post answers cancelled: true, a submit after the cancel returns 400 AbortedGen); text path §4
+aborted-job threshold and is not restarted"), docs/native-api.md#pricing, #progress (the lease is flagged, the
+worker's next post answers cancelled: true, a submit after the cancel returns 400 AbortedGen); docs/native-api.md#submit
 (``ProcessingGeneration.cancel`` pays on the current text), §6 (``log_aborted_job``).
 """
 

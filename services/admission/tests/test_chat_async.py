@@ -1,5 +1,5 @@
 """POST /v2/generate/chat/async: every refusal in route order, the 202 and the stored row, operation keys,
-dry runs, max_length lowering, context sizing and upfront kudos (spec: chat-requests.md Routes and the
+dry runs, max_length lowering, context sizing and upfront kudos (docs/native-api.md#routes and the
 sections it names)."""
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ async def test_accepts_and_stores_the_request(client: Any, db: Any) -> None:
 
 
 async def test_body_over_the_limit_is_413_before_parsing(client: Any) -> None:
-    from horde_admission import contract
+    import horde_contract as contract
 
     size = contract.MAX_CHAT_BODY_BYTES + 1
     r = await client.post(

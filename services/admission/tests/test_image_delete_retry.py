@@ -1,7 +1,7 @@
 """Admission's image deletes (a failed activation deletes the images the submission stored) queue every key the
-store does not delete, per-key errors included, in the retry set the janitor drains (issue 8).
+store does not delete, per-key errors included, in the retry set the janitor drains.
 
-Spec: chat-requests.md **Images** ("A failed activation deletes the images the submission stored. A key the
+See docs/native-api.md#images ("A failed activation deletes the images the submission stored. A key the
 store does not delete is added to the Redis set horde:chat:image_delete_retry on the primary").
 Runs against the session's real S3 server (moto): a bucket policy refusing s3:DeleteObject on one key makes
 DeleteObjects answer HTTP 200 with that key under ``Errors``.

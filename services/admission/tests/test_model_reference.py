@@ -1,8 +1,8 @@
 """The text model reference at admission (HORDE_TEXT_MODEL_REFERENCE): known models, the quote and the holds.
 
-Spec: chat-requests.md **Known models** (403 NoEligibleWorker for a reference model without an online chat
-worker, 404 UnknownChatModel for a model unknown to both), **Pricing** (the quote at the first listed model,
-the upfront hold and the shared key check at the highest multiplier); text path §4, §5, §10.
+See docs/native-api.md#known-models (403 NoEligibleWorker for a reference model without an online chat
+worker, 404 UnknownChatModel for a model unknown to both), #pricing (the quote at the first listed model,
+the upfront hold and the shared key check at the highest multiplier); docs/native-api.md#submit, #kudos, #model-reference.
 
 The reference is ``text_model_reference.json`` beside this file: ``horde-test/unserved-13b`` (13B) and
 ``horde-test/unserved-70b`` (70B), which no worker serves, and ``horde-test/served-13b`` (13B), which the tests
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from admission_helpers import add_chat_worker, chat_body, new_user, unique_model
-from horde_admission.models import models_cache_key
+from horde_core.redis_keys import models_cache_key
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -30,7 +30,7 @@ CTX_2048 = 1.2 + 2.2  # the quote's context factor at max_context_length 2048
 
 
 def quote(p: float, max_length: int, ctx: float = CTX_2048) -> float:
-    """One generation's quote at multiplier ``p`` (text path §4)."""
+    """One generation's quote at multiplier ``p`` (docs/native-api.md#submit)."""
     return round(max_length * (max(p, 13) / 13) ** 0.2 * p * ctx / 100, 2)
 
 

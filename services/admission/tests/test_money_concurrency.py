@@ -1,4 +1,4 @@
-"""Money under concurrency (issue 9, item 7): one requester firing requests in parallel on the chat and the text
+"""Money under concurrency: one requester firing requests in parallel on the chat and the text
 route never gets more upfront kudos held than it can cover, for its own balance and for a shared key's kudos.
 
 The requests go over HTTP to two real admission processes (``python -m horde_admission``) on the shared stores,

@@ -1,4 +1,4 @@
-"""5xx found by the no-5xx fuzz (issue 9 item 6) in admission's chat route, each now a 4xx."""
+"""5xx found by the no-5xx fuzz in admission's chat route, each now a 4xx."""
 
 from __future__ import annotations
 

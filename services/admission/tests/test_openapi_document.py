@@ -1,6 +1,6 @@
-"""Admission's OpenAPI 3.1 document (issue 9 item 6): valid, every route described, and the chat and text
-bodies' schemas agreeing with the spec's tables (spec: chat-requests.md *Request body*, *Tools*, *Refused keys
-and values*; ai-horde-text-path.md §1)."""
+"""Admission's OpenAPI 3.1 document: valid, every route described, and the chat and text
+bodies' schemas agreeing with the spec's tables (docs/native-api.md#request-body, #tools,
+#refused-keys-and-values; docs/native-api.md#text-route)."""
 
 from __future__ import annotations
 

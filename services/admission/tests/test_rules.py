@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 from horde_admission import kudos
 from horde_admission.settings import AdmissionSettings
-from horde_admission.sizing import lower_max_length, size_bucket, size_context
+from horde_admission.sizing import lower_max_length, size_context
 from horde_admission.status import counts
-from horde_contract import TextModelReference
-from horde_contract.errors import ChatContractError
+from horde_contract import TextModelReference, no_eligible_worker_error
+from horde_contract.errors import HordeError
+from horde_core.metrics import size_bucket
 
 EMPTY = TextModelReference()
 REFERENCE = TextModelReference.from_mapping(
@@ -71,13 +72,13 @@ def test_hold_amount_uses_highest_multiplier() -> None:
 
 def test_no_eligible_worker_with_gap() -> None:
     gap = {"kind": "declaration_gap", "missing_declarations": ["vision"], "exceeded_limits": []}
-    err = kudos.no_eligible_worker_for_kudos(gap)
+    err = no_eligible_worker_error(gap)
     assert (
         err.message
         == "No online worker can serve this request: no online worker serving the model declares vision."
     )
     assert err.to_body()["impossible_reason"] == gap
-    assert kudos.no_eligible_worker_for_kudos(None).message == "No online worker can serve this request."
+    assert no_eligible_worker_error(None).message == "No online worker can serve this request."
 
 
 def test_lower_max_length() -> None:
@@ -110,10 +111,10 @@ def test_size_context_grows_to_need() -> None:
 
 def test_size_context_reject_and_grow_refusals() -> None:
     msgs = _msgs(1, 8000)
-    with pytest.raises(ChatContractError) as exc:
+    with pytest.raises(HordeError) as exc:
         size_context(msgs, None, 512, 2048, 8192, "reject")
     assert (exc.value.status, exc.value.rc, exc.value.param) == (400, "PromptExceedsContext", "messages")
-    with pytest.raises(ChatContractError) as exc:
+    with pytest.raises(HordeError) as exc:
         size_context(msgs, None, 512, 2048, 1024, "grow")
     assert exc.value.rc == "PromptExceedsContext"
 
@@ -142,7 +143,7 @@ def test_size_buckets() -> None:
 
 
 def _head(**kw: object) -> dict[str, object]:
-    base = {
+    base: dict[str, object] = {
         "finished": 0,
         "processing": 0,
         "restarted": 0,

@@ -1,6 +1,6 @@
 """GET/DELETE /v2/generate/chat/status/{id} and the text pair: status fields, the done rule, cancel, the
-completion signal, and the route families kept apart (spec: Routes, Structured submit, Completion signal,
-Impossible reason; text path §2)."""
+completion signal, and the route families kept apart (docs/native-api.md#routes, #submit, #completion-signal,
+Impossible reason; docs/native-api.md#status-and-cancel)."""
 
 from __future__ import annotations
 
@@ -251,7 +251,7 @@ async def test_cancel_flags_stream_leases(client: Any, db: Any, admission_env: d
         assert s["processing"] == 2  # submit's settlement is not reachable here: the jobs stay in flight
         assert await signals.hget(stream_lease_key(str(with_lease)), LeaseField.cancelled.value) == "1"
         assert not await signals.exists(stream_lease_key(str(without_lease)))
-        entries = await signals.xrange(progress_stream_key(rid))
+        entries: list[tuple[str, dict[str, str]]] = await signals.xrange(progress_stream_key(rid))  # type: ignore[assignment]
         assert [fields for _, fields in entries] == [{"gen": str(with_lease), "ended": "1"}]
         assert [StreamEntry.from_fields(i, f).ended for i, f in entries] == [True]
         assert 0 < await signals.ttl(progress_stream_key(rid)) <= 900

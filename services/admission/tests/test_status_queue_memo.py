@@ -1,4 +1,4 @@
-"""Status reads reuse a request's queue position for HORDE_STATUS_QUEUE_MEMO_SECONDS (issue 10); the rest of the
+"""Status reads reuse a request's queue position for HORDE_STATUS_QUEUE_MEMO_SECONDS; the rest of the
 status is read fresh every time."""
 
 from __future__ import annotations

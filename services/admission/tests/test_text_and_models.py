@@ -1,4 +1,4 @@
-"""Legacy text routes (text path §1, §2) and GET /v2/status/models (text path §8; spec: Chat model list)."""
+"""Legacy text routes (docs/native-api.md#text-route, #status-and-cancel) and GET /v2/status/models (docs/native-api.md#model-list)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import uuid
 from typing import Any
 
 import pytest
-from admission_helpers import add_chat_worker, chat_body, new_user, unique_model
-from horde_admission.models import models_cache_key
+from admission_helpers import add_chat_worker, allowance_decisions, chat_body, new_user, unique_model
+from horde_core.redis_keys import models_cache_key
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -108,6 +108,34 @@ async def test_text_allow_downgrade(client: Any, db: Any) -> None:
         uuid.UUID(r.json()["id"]),
     )
     assert (row["max_length"], row["params"]["max_length"], row["slow_workers"]) == (512, 512, True)
+
+
+def text_decisions(outcome: str, requested: str, allowance: str = "<=512") -> float:
+    """``horde.text.free_allowance.decisions`` of registered users' text requests (``horde.chat`` false)."""
+    return allowance_decisions(outcome, requested, allowance, requester="registered", chat=False)
+
+
+async def test_text_creations_are_counted_as_free_allowance_decisions(client: Any, db: Any) -> None:
+    # Without models there is no availability: the allowance is the floor (512).
+    _, rich = await new_user(db, kudos=100_000)
+    _, poor = await new_user(db, kudos=0)
+    small = {"prompt": "x", "params": {"max_length": 100}}
+    large = {"prompt": "x", "params": {"max_length": 2048}}
+    cases: list[tuple[str, dict[str, Any], int, str, str]] = [
+        (rich, small, 202, "free", "<=512"),
+        (rich, large, 202, "funded", "1025-2048"),
+        (poor, large, 403, "refused", "1025-2048"),
+        (poor, {**large, "allow_downgrade": True}, 202, "downgraded", "1025-2048"),
+    ]
+    for key, body, status, outcome, requested in cases:
+        before = text_decisions(outcome, requested)
+        r = await text_post(client, body, key)
+        assert r.status_code == status, r.text
+        assert text_decisions(outcome, requested) == before + 1, outcome
+    # A dry run is not counted.
+    before = text_decisions("funded", "1025-2048")
+    assert (await text_post(client, {**large, "dry_run": True}, rich)).status_code == 200
+    assert text_decisions("funded", "1025-2048") == before
 
 
 async def test_models_chat_list(client: Any, db: Any) -> None:

@@ -1,4 +1,4 @@
-"""The legacy text route under attack (issue 9, items 4 and 2): the prompt, models, workers and params are
+"""The legacy text route under attack: the prompt, models, workers and params are
 bounded before authentication; the anonymous user's concurrency counts a request whatever ``models`` holds;
 a shared key's limits (max_text_tokens, kudos, expiry) apply as on the chat route. Each refusal stores and
 charges nothing."""
@@ -149,7 +149,7 @@ async def test_anonymous_concurrency_counts_requests_without_models(client: Any,
         await db.execute("DELETE FROM waiting_prompts WHERE id = ANY($1::uuid[])", created)
 
 
-# --- Shared keys on the text route (issue 9, item 2) ---------------------------------------------------------
+# --- Shared keys on the text route ---------------------------------------------------------
 
 
 async def _shared_key(db: Any, owner_id: int, **kw: Any) -> Any:

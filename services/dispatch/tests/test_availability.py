@@ -1,5 +1,5 @@
 """``WorkerPoolService.GetAvailability`` over a real gRPC channel to the server the app's lifespan started
-(spec: *Known models*, *Eligibility*, *Job lease*, *Impossible reason*, *Free output allowance*)."""
+(docs/native-api.md#known-models, #eligibility, #job-lease, #impossible-reason, #free-output-allowance)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """``GetAvailability``: which workers keep a model known, and what the declaration gap names for images.
 
-Spec: chat-requests.md *Known models* (a model is known while an online chat worker serves it, paused or in
-maintenance included; only the workers that take the requester's jobs serve it) and *Impossible reason*
+See docs/native-api.md#known-models (a model is known while an online chat worker serves it, paused or in
+maintenance included; only the workers that take the requester's jobs serve it) and #impossible-reason
 (``image_transports`` is named only for a worker that declares vision without an image transport).
 """
 

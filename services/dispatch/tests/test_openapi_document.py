@@ -1,6 +1,6 @@
-"""Dispatch's OpenAPI 3.1 document (issue 9 item 6): valid, every route described, and the pop body's schema
-agreeing with the validating model and the spec's chat declaration table (spec: chat-requests.md *Chat
-declaration on pop*; ai-horde-text-path.md §3)."""
+"""Dispatch's OpenAPI 3.1 document: valid, every route described, and the pop body's schema
+agreeing with the validating model and the spec's chat declaration table (docs/native-api.md
+#chat-declaration; docs/native-api.md#pop)."""
 
 from __future__ import annotations
 

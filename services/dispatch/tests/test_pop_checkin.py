@@ -1,5 +1,5 @@
-"""Pop refusals, the chat declaration and worker check-in (spec: *Chat declaration on pop*, *Worker details*;
-text path §3 refusals, §6 creation and check-in)."""
+"""Pop refusals, the chat declaration and worker check-in (docs/native-api.md#chat-declaration, #worker-details;
+docs/native-api.md#pop refusals, #workers creation and check-in)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The queue at pop: eligibility rules in SQL, the speed gate, queue order, skipped, text jobs to chat
-workers, the chat job payload and the assignment snapshot (spec: *Eligibility*, *Tool temperature limit*,
-*Job lease*, *Chat job pop response*, *Images*, *Streaming progress*; text path §3)."""
+workers, the chat job payload and the assignment snapshot (docs/native-api.md#eligibility, #tool-temperature-limit,
+docs/native-api.md#job-lease, #chat-job-payload, docs/native-api.md#images, #progress; docs/native-api.md#pop)."""
 
 from __future__ import annotations
 
@@ -198,7 +198,7 @@ async def test_eligibility_acceptances(h: Harness) -> None:
     """Each refusal above is lifted by the matching declaration."""
     requester, _ = await h.user()
     owner, key = await h.user(trusted=True)
-    cases = [
+    cases: list[tuple[dict[str, Any], dict[str, Any]]] = [
         (
             {"chat_required_features": ["seed", "prompt_overflow_refused"]},
             {"chat_features": ["prompt_overflow_refused", "seed", "tools"]},

@@ -1,4 +1,4 @@
-"""A shared key is a spending key, never a worker's credential (issue 9 item 2; text path §3, §5: the pop takes
+"""A shared key is a spending key, never a worker's credential (docs/native-api.md#pop, #kudos: the pop takes
 the worker owner's API key, looked up as upstream's ``find_user_by_api_key``, which never resolves a shared key):
 it neither creates a worker nor pops as its owner's, valid or expired."""
 

@@ -1,4 +1,4 @@
-"""Worker creation limits at pop (ai-horde-text-path.md §6; upstream ``JobPopTemplate.get_worker``): an
+"""Worker creation limits at pop (docs/native-api.md#workers; upstream ``JobPopTemplate.get_worker``): an
 untrusted owner already holding more than 3 workers gets 403 TooManyWorkers, any owner past 20 and past its
 ``worker_invited`` allowance 403 TooManyWorkersTrusted; an existing worker keeps checking in; parallel pops
 with new names cannot create past the limit together. The app runs in-process on the real stores."""

@@ -1,11 +1,11 @@
-"""Issue 8 against real stores and a real submit process: a cancel whose settlement call failed is settled by the
+"""Against real stores and a real submit process: a cancel whose settlement call failed is settled by the
 sweep (never faulted as a dropped job), an expired request ends its generations' progress (so a post is
 ChatJobAborted), and S3 per-key delete errors go to the retry set.
 
-Spec: chat-requests.md **Pricing** and **Structured submit** (a cancelled streamed generation is settled on its
+See docs/native-api.md#pricing and #submit (a cancelled streamed generation is settled on its
 posted content, faulted as cancelled, does not count toward the worker's aborted-job threshold and is not
-restarted), **Streaming progress** (ChatJobAborted "is not stored, as after its request expired"), **Completion
-signal** (expiry), **Images** ("A key the store does not delete is added to the Redis set
+restarted), docs/native-api.md#progress (ChatJobAborted "is not stored, as after its request expired"),
+docs/native-api.md#completion-signal (expiry), docs/native-api.md#images ("A key the store does not delete is added to the Redis set
 horde:chat:image_delete_retry ... each cleanup tick retries up to 1000 of them, removing each key that
 deletes").
 """

@@ -1,5 +1,5 @@
-"""The janitor's pass against real stores and a real submit process (spec: **Completion signal**, **Job lease**,
-**Structured submit**; text path §7)."""
+"""The janitor's pass against real stores and a real submit process (docs/native-api.md#completion-signal, #job-lease,
+docs/native-api.md#submit, #expiry)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 import uuid
 
 import httpx
-from horde_contract import CHAT_WORKER_FAULT_MESSAGES
+from horde_contract import CHAT_WORKER_FAULT_MESSAGES, ChatFaultReason
 from horde_core import queue_announce
 from horde_core.chat_stream import (
     StreamEntry,
@@ -99,7 +99,7 @@ async def test_a_lapsed_lease_announces_the_restarted_job(
     janitor: Janitor, factory, subscriber_client
 ) -> None:
     """The restart a lapsed lease causes (applied by submit's FaultGeneration) is announced to the waiting pops
-    (README: Long-poll pop), so an idle worker picks the job up at once."""
+    (docs/worker-guide.md#long-poll), so an idle worker picks the job up at once."""
     owner = await factory.user(kudos=0)
     requester = await factory.user()
     worker = await factory.worker(owner)
@@ -156,9 +156,8 @@ async def test_lapsed_streamed_generation_ends_its_stream_on_the_signal_db(
         assert await write_stream_leases(signals, {str(gen): lease})
         await janitor.run_pass()
         assert await signals.exists(stream_lease_key(str(gen))) == 0
-        entries = [
-            StreamEntry.from_fields(i, f) for i, f in await signals.xrange(progress_stream_key(str(wp)))
-        ]
+        raw: list[tuple[str, dict[str, str]]] = await signals.xrange(progress_stream_key(str(wp)))  # type: ignore[assignment]
+        entries = [StreamEntry.from_fields(i, f) for i, f in raw]
         assert [(e.gen, e.ended) for e in entries] == [(str(gen), True)]
         assert await url_db.exists(progress_stream_key(str(wp))) == 0
     finally:
@@ -185,7 +184,7 @@ async def test_third_lapse_faults_the_request_and_signals(janitor: Janitor, fact
     owner = await factory.user(kudos=0)
     requester = await factory.user()
     worker = await factory.worker(owner)
-    message = CHAT_WORKER_FAULT_MESSAGES["generation_error"]
+    message = CHAT_WORKER_FAULT_MESSAGES[ChatFaultReason.generation_error]
     wp = await factory.request(requester, chat_fault_reason=message, chat_fault_rc="ChatWorkerFault")
     for _ in range(2):
         gen = await factory.generation(wp, worker, owner)

@@ -3,45 +3,33 @@
 from __future__ import annotations
 
 import sys
-import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
+import openai
 import pytest
 from horde_testing.launcher import ServiceProcess, free_port
 
 
-class FrontProcess(ServiceProcess):
-    """A running front with its base URL."""
-
-    url: str
-
-    def log(self) -> str:
-        return self.log_text()
-
-    def wait_log(self, found: Callable[[str], bool] | str, timeout: float = 10.0) -> str:
-        """The log once ``found`` (a substring, or a test of the whole log) holds, or as it is after ``timeout``
-        seconds: the front writes its log lines from a writer thread (horde_core.logging), so a line may reach
-        the file a moment after the response that it describes."""
-        test = (lambda text: found in text) if isinstance(found, str) else found
-        deadline = time.monotonic() + timeout
-        text = self.log()
-        while not test(text) and time.monotonic() < deadline:
-            time.sleep(0.02)
-            text = self.log()
-        return text
+def error_body(error: openai.APIStatusError) -> dict[str, Any]:
+    """The JSON body of an SDK error (typed ``object`` by the SDK)."""
+    assert isinstance(error.body, dict), error.body
+    return error.body
 
 
-def start_front(env: Mapping[str, str], *, wait: bool = True) -> FrontProcess:
+def start_front(env: Mapping[str, str], *, wait: bool = True) -> ServiceProcess:
     """Start ``python -m horde_oai`` on a free port with ``env`` added; returns once /healthz answers
-    (at once with ``wait=False``; call ``wait_healthy()``)."""
+    (at once with ``wait=False``; call ``wait_healthy()``). Its ``url`` is the base URL; read its log with
+    ``wait_log``: the front writes its lines from a writer thread (horde_core.logging), so a line may reach
+    the file a moment after the response that it describes."""
     port = free_port()
-    front = FrontProcess(
+    front = ServiceProcess(
         "oai-front",
         [sys.executable, "-m", "horde_oai"],
         env={"HORDE_OAI_HTTP_PORT": str(port), "HORDE_LOG_JSON": "false", **env},
         health_url=f"http://127.0.0.1:{port}/healthz",
+        url=f"http://127.0.0.1:{port}",
     )
-    front.url = f"http://127.0.0.1:{port}"
     front.start()
     if not wait:
         return front
@@ -54,7 +42,7 @@ def start_front(env: Mapping[str, str], *, wait: bool = True) -> FrontProcess:
 
 
 @pytest.fixture(scope="module")
-def lone_front() -> Iterator[FrontProcess]:
+def lone_front() -> Iterator[ServiceProcess]:
     """A front whose horde does not answer (a closed port) and without Redis."""
     front = start_front(
         {"HORDE_OAI_HORDE_URL": f"http://127.0.0.1:{free_port()}/api", "HORDE_OAI_REDIS_URL": ""}

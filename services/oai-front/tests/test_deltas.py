@@ -1,5 +1,5 @@
-"""The delta reader and the resume records against a real Redis (spec: chat-front.md *Redis reads and
-recovery*): one XREAD for every registered request, batches per read, recovery from a broken connection
+"""The delta reader and the resume records against a real Redis (docs/openai-front.md
+#streaming): one XREAD for every registered request, batches per read, recovery from a broken connection
 without skipping entries, and nothing from a stream recreated below the last id read."""
 
 from __future__ import annotations

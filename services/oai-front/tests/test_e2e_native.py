@@ -27,7 +27,7 @@ import pytest
 from horde_store.admin import main as admin_main
 from horde_testing.launcher import ServiceProcess, free_port
 
-from .conftest import FrontProcess, start_front
+from .conftest import error_body, start_front
 
 SERVICES = ("horde_admission", "horde_dispatch", "horde_submit")
 if not all(importlib.util.find_spec(f"{name}.__main__") for name in SERVICES):  # pragma: no cover
@@ -42,7 +42,7 @@ class Stack:
     admission: str
     dispatch: str
     submit: str
-    front: FrontProcess
+    front: ServiceProcess
     user_key: str
     worker_key: str
     processes: list[ServiceProcess]
@@ -133,7 +133,7 @@ class Worker:
         self.stack = stack
         self.model = model
         self.name = f"w-{uuid.uuid4().hex[:8]}"
-        # Every strict request needs prompt_overflow_refused (spec: Guarantees).
+        # Every strict request needs prompt_overflow_refused (docs/native-api.md#guarantees).
         self.features = ["prompt_overflow_refused", *(features or [])]
         self.http = httpx.Client(timeout=10, headers={"apikey": stack.worker_key})
 
@@ -194,7 +194,7 @@ def in_thread(fn: Any) -> tuple[threading.Thread, dict[str, Any]]:
     return thread, result
 
 
-def finished_line(front: FrontProcess, code: str) -> str:
+def finished_line(front: ServiceProcess, code: str) -> str:
     def lines(text: str) -> list[str]:
         return [line for line in text.splitlines() if " finished: " in line and f"code={code}" in line]
 
@@ -291,11 +291,11 @@ def test_unknown_model_is_404_with_the_native_rc(stack):
         sdk(stack).chat.completions.create(
             model="e2e/nobody-serves-this", messages=[{"role": "user", "content": "x"}]
         )
-    # The front passes the Horde's rc through as the code (spec: Outcome class).
-    assert info.value.body["code"] == "UnknownChatModel"
-    assert info.value.body["type"] == "invalid_request_error"
-    assert info.value.body["param"] == "model"
-    assert "metadata" not in info.value.body
+    # The front passes the Horde's rc through as the code (docs/openai-front.md#metrics-and-logs).
+    assert error_body(info.value)["code"] == "UnknownChatModel"
+    assert error_body(info.value)["type"] == "invalid_request_error"
+    assert error_body(info.value)["param"] == "model"
+    assert "metadata" not in error_body(info.value)
     worker = Worker(stack, "e2e/listed")
     worker.pop()
     with pytest.raises(openai.NotFoundError) as listed:
@@ -305,7 +305,7 @@ def test_unknown_model_is_404_with_the_native_rc(stack):
             messages=[{"role": "user", "content": "x"}],
             extra_body={"model": None, "models": ["e2e/listed", "e2e/ghost"]},
         )
-    assert listed.value.body["param"] == "models[1]"
+    assert error_body(listed.value)["param"] == "models[1]"
 
 
 def test_wrong_key_is_401(stack):
@@ -326,7 +326,7 @@ def test_timeout_cancels_the_native_request(stack):
         )
     assert info.value.status_code == 408
     assert time.monotonic() - started >= NONSTREAM_TIMEOUT - 1
-    body = info.value.body
+    body = error_body(info.value)
     assert body["code"] == "ChatRequestTimeout"
     request_id = body["metadata"]["request_id"]
     status = native_status(stack, request_id)
@@ -341,11 +341,11 @@ def test_declaration_gap_is_404_and_cancels(stack):
         sdk(stack).chat.completions.create(
             model="e2e/plain-gap", messages=[{"role": "user", "content": "x"}], seed=5, max_tokens=32
         )
-    body = info.value.body
+    body = error_body(info.value)
     assert body["code"] == "no_worker_supports_features"
     assert body["type"] == "not_found_error"
     assert "seed" in body["message"]
-    # Settled: every error says whether a retry helps (issue 8; the spec left these two without the header).
+    # Settled: every error says whether a retry helps (the spec left these two without the header).
     assert info.value.response.headers["x-should-retry"] == "false"
     if "metadata" in body:  # accepted and cancelled, rather than refused at submit
         assert native_status(stack, body["metadata"]["request_id"])["waiting"] == 0
@@ -361,11 +361,11 @@ def test_client_disconnect_cancels_the_native_request(stack):
             headers={"Authorization": f"Bearer {stack.user_key}"},
             json={"model": "e2e/gone", "messages": [{"role": "user", "content": "x"}], "max_tokens": 32},
         )
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and "code=client_disconnected" not in stack.front.log():
-        time.sleep(0.2)
+    stack.front.wait_log("code=client_disconnected")
     line = finished_line(stack.front, "client_disconnected")
-    request_id = re.search(r"Chat request (\S+) finished", line).group(1)
+    found = re.search(r"Chat request (\S+) finished", line)
+    assert found is not None, line
+    request_id = found.group(1)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and native_status(stack, request_id)["waiting"] != 0:
         time.sleep(0.2)
@@ -396,7 +396,7 @@ def test_model_list(stack):
     assert retrieved == card
     with pytest.raises(openai.NotFoundError) as info:
         sdk(stack).models.retrieve("e2e/nobody-serves-this")
-    error = info.value.body
+    error = error_body(info.value)
     assert error["code"] == "model_not_found" and error["param"] == "model"
     assert error["message"] == (
         "The model 'e2e/nobody-serves-this' does not exist or no online worker serves it with chat."
@@ -422,7 +422,7 @@ def test_request_no_worker_can_take_gets_503_after_the_grace(stack):
     assert response.status_code == 503
     assert response.headers["retry-after"] == "30"
     assert response.headers["x-should-retry"] == "false"
-    body = info.value.body
+    body = error_body(info.value)
     assert body["code"] == "no_eligible_worker"
     request_id = body["metadata"]["request_id"]
     assert native_status(stack, request_id)["waiting"] == 0
@@ -445,9 +445,9 @@ def test_request_faulted_by_its_workers_is_502(stack):
     error = result.get("error")
     assert isinstance(error, openai.InternalServerError), result
     assert error.status_code == 502
-    assert error.body["code"] == "ChatRequestFaulted"
-    assert error.body["metadata"]["request_id"]
-    assert error.body["metadata"]["fault_reason"] == "The worker's backend failed while generating."
+    assert error_body(error)["code"] == "ChatRequestFaulted"
+    assert error_body(error)["metadata"]["request_id"]
+    assert error_body(error)["metadata"]["fault_reason"] == "The worker's backend failed while generating."
     # The horde restarted the job to its fault limit already: the SDK must not multiply the faults.
     assert error.response.headers["x-should-retry"] == "false"
 
@@ -463,7 +463,7 @@ def test_stream_refused_at_the_first_read_gets_the_json_error(stack):
             stream=True,
         )
     assert info.value.response.headers["content-type"].startswith("application/json")
-    assert info.value.body["code"] == "no_worker_supports_features"
+    assert error_body(info.value)["code"] == "no_worker_supports_features"
 
 
 def test_kudos_cap_is_400_max_kudos_exceeded(stack):
@@ -475,7 +475,7 @@ def test_kudos_cap_is_400_max_kudos_exceeded(stack):
             max_tokens=512,
             extra_body={"horde": {"max_kudos": 1}},
         )
-    body = info.value.body
+    body = error_body(info.value)
     assert body["code"] == "max_kudos_exceeded"
     assert body["param"] == "horde.max_kudos"
     assert body["metadata"]["rc"] == "ChatKudosCapExceeded"

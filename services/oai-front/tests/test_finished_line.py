@@ -1,4 +1,4 @@
-"""The finished-request log line (spec: chat-front.md *Finished-request log line*): its message, and the same
+"""The finished-request log line (docs/openai-front.md#metrics-and-logs): its message, and the same
 values bound as the record's fields, which the JSON log and the OpenTelemetry bridge export."""
 
 from __future__ import annotations
@@ -84,7 +84,9 @@ def _errors_count(code: str) -> float:
     total = 0.0
     for metric in REGISTRY.collect():
         if metric.name == "horde_oai_requests_errors":
-            total += sum(s.value for s in metric.samples if s.name.endswith("_total") and s.labels["code"] == code)
+            total += sum(
+                s.value for s in metric.samples if s.name.endswith("_total") and s.labels["code"] == code
+            )
     return total
 
 

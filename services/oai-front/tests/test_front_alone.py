@@ -12,10 +12,11 @@ import httpx
 import openai
 import pytest
 from horde_testing.launcher import free_port
+from openai.types.chat import ChatCompletionMessageParam
 
-from .conftest import start_front
+from .conftest import error_body, start_front
 
-MESSAGES = [{"role": "user", "content": "Hello"}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hello"}]
 
 
 def client(front, key: str = "0000000000") -> openai.OpenAI:
@@ -40,8 +41,8 @@ def test_unknown_parameter_is_400_with_param(lone_front):
 def test_out_of_range_temperature(lone_front):
     with pytest.raises(openai.BadRequestError) as info:
         client(lone_front).chat.completions.create(model="m", messages=MESSAGES, temperature=2.5)
-    assert info.value.body["param"] == "temperature"
-    assert info.value.body["code"] == "UnsupportedChatParameter"
+    assert error_body(info.value)["param"] == "temperature"
+    assert error_body(info.value)["code"] == "UnsupportedChatParameter"
 
 
 def test_non_json_and_nan_bodies_are_bad_request(lone_front):
@@ -83,7 +84,7 @@ def test_unreachable_horde_is_502_horde_unavailable(lone_front):
     with pytest.raises(openai.InternalServerError) as info:
         client(lone_front).chat.completions.create(model="m", messages=MESSAGES)
     assert info.value.status_code == 502
-    assert info.value.body["code"] == "HordeUnavailable"
+    assert error_body(info.value)["code"] == "HordeUnavailable"
     with pytest.raises(openai.InternalServerError):
         client(lone_front).models.list()
 
@@ -126,7 +127,9 @@ def test_lone_surrogate_is_400_not_500(lone_front):
     assert r.status_code == 400
     error = r.json()["error"]
     assert error["code"] == "BadRequest"
-    assert error["message"].endswith("The request body holds a lone UTF-16 surrogate, which is not valid Unicode.")
+    assert error["message"].endswith(
+        "The request body holds a lone UTF-16 surrogate, which is not valid Unicode."
+    )
 
 
 def test_stream_of_the_wrong_type_is_400_not_a_silent_non_stream(lone_front):
@@ -172,7 +175,7 @@ def test_a_stalled_body_is_408_request_body_timeout():
         with socket.create_connection(("127.0.0.1", port), timeout=15) as conn:
             conn.sendall(
                 b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n"
-                b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"model\": "
+                b'Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"model": '
             )
             answer = _read_response(conn)
         assert answer.startswith("HTTP/1.1 408"), answer
@@ -207,7 +210,9 @@ def test_in_flight_cap_per_address_is_503_front_at_capacity():
             first.start()
             native, _ = silent.accept()  # the first request passed the cap and is calling the horde
             with native:
-                refused = httpx.post(f"{front.url}/v1/chat/completions", json=body, headers=headers, timeout=10)
+                refused = httpx.post(
+                    f"{front.url}/v1/chat/completions", json=body, headers=headers, timeout=10
+                )
                 assert refused.status_code == 503, refused.text
                 assert refused.headers["retry-after"] == "1"
                 assert refused.json()["error"] == {

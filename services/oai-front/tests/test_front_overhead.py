@@ -1,4 +1,4 @@
-"""What the front adds to a completion (issue 10 item 2, bench/bench_front_latency.py): the signal hub's one
+"""What the front adds to a completion (bench/bench_front_latency.py): the signal hub's one
 pub/sub connection stays subscribed and read, a waiter woken by the signal reads the status once and returns,
 and the native calls share pooled keep-alive connections. On the real Redis; the native horde is a real HTTP
 server on loopback. No timing assertions: a wait that must end on the signal has a recheck interval of an
@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import redis.asyncio as redis
 import uvicorn
-from horde_core.redis_keys import chat_signal_channel, publish_chat_event, signal_client
+from horde_core.redis_keys import chat_signal_channel, signal_client
+from horde_core.signals import CLIENT_NAME, SignalHub, publish_chat_event
 from horde_oai.cancels import CancelManager
 from horde_oai.horde_client import NATIVE_KEEPALIVE_SECONDS, HordeClient
-from horde_oai.signals import CLIENT_NAME, SignalHub
 from horde_oai.waiter import ChatWait
 from horde_testing.launcher import free_port
 from starlette.applications import Starlette
@@ -147,7 +147,8 @@ async def test_the_hub_connection_stays_subscribed_while_no_request_waits(redis_
             sub = await hub.subscribe(f"seq-{n}")
             assert await _subscribed(publisher, chat_signal_channel(f"seq-{n}")) == 1
             assert await publish_chat_event(publisher, f"seq-{n}", "generation", 1)
-            assert (await sub.wait(30))["event"] == "generation"
+            event = await sub.wait(30)
+            assert event is not None and event["event"] == "generation"
             await hub.unsubscribe(sub)
             assert await _numsub(publisher, hub.hub_channel) == 1
         assert hub.connects == 1
@@ -174,7 +175,8 @@ async def test_a_dropped_hub_connection_is_reopened_and_wakes_every_waiter(redis
         assert await hub.wait_connected(30)
         assert await _subscribed(publisher, sub.channel) == 1
         assert await publish_chat_event(publisher, "dropped-1", "done", 1)
-        assert (await sub.wait(30))["event"] == "done"
+        event = await sub.wait(30)
+        assert event is not None and event["event"] == "done"
         await hub.unsubscribe(sub)
     finally:
         await hub.stop()

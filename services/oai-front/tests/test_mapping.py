@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import hashlib
 
-from horde_oai.mapping import (
+from horde_oai.completion import (
     build_completion,
-    build_native_body,
     build_system_fingerprint,
     build_usage,
     completion_limit_source,
-    declaration_gap_error,
     effective_completion_limit,
     estimate_prompt_tokens,
-    map_native_error,
-    split_native_path,
 )
+from horde_oai.native_errors import declaration_gap_error, map_native_error, split_native_path
+from horde_oai.native_request import build_native_body
 
 REQUEST_ID = "7b3f8e9a-1111-4222-8333-944455556666"
 

@@ -1,5 +1,5 @@
-"""The front's OpenAPI 3.1 document (spec: chat-front.md *API documentation*, *Schema generation*, *Field
-descriptions*), as the running front serves it, checked with a real OpenAPI validator."""
+"""The front's OpenAPI 3.1 document (docs/openai-front.md#routes,
+#routes), as the running front serves it, checked with a real OpenAPI validator."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
-from horde_contract.request import ChatHordeOptions
+from horde_contract import ChatHordeOptions
 from horde_oai.openapi import plain_description
 from horde_oai.responses import ChatCompletionResponse, ModelCard, OpenAIErrorEnvelope
 from horde_oai.schema import (
@@ -102,7 +102,7 @@ def test_error_responses_document_the_retry_headers(document):
 
 def _documented_fields(model: type[BaseModel], seen: set[str]) -> list[tuple[str, str, str]]:
     """``(model, property name, docstring)`` for every field of ``model`` and the models it nests."""
-    out = []
+    out: list[tuple[str, str, str]] = []
     if model.__name__ in seen:
         return out
     seen.add(model.__name__)

@@ -1,4 +1,4 @@
-"""The call records that make a retry the same operation (README: Retries and idempotency), against a real
+"""The call records that make a retry the same operation (docs/openai-front.md#retries-and-idempotency), against a real
 Redis: which attempt joins, which starts anew, what an idempotency key replays, and what a dropped
 connection's grace decides."""
 
@@ -8,6 +8,7 @@ import json
 import uuid
 
 import pytest
+from horde_core.redis_keys import operation_record_key
 from horde_oai.errors import OpenAIError
 from horde_oai.operations import (
     MAX_IDEMPOTENCY_KEY_LENGTH,
@@ -17,7 +18,6 @@ from horde_oai.operations import (
     OperationRecords,
     idempotency_key_of,
     normal_operation_key,
-    operation_record_key,
 )
 
 
@@ -63,7 +63,9 @@ async def test_after_a_retryable_error_the_same_body_joins_the_first_operation(r
     key = fresh_key()
     first = await claim(records, key)
     assert isinstance(first, Call)
-    await first.end_with(OpenAIError(502, "The Horde could not be reached: x", "HordeUnavailable"), created=False)
+    await first.end_with(
+        OpenAIError(502, "The Horde could not be reached: x", "HordeUnavailable"), created=False
+    )
     assert (await stored(signal_redis, first))["state"] == "retryable"
     retry = await claim(records, key)  # no retry header: a retry loop of any client
     assert isinstance(retry, Call) and retry.joined

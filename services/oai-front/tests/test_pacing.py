@@ -1,4 +1,4 @@
-"""Pacing of relayed deltas (chat-front.md, Relayed deltas > Pacing): cuts, piece counts, the
+"""Pacing of relayed deltas (docs/openai-front.md, Relayed deltas > Pacing): cuts, piece counts, the
 window estimate, merging, flush and drop. Pure: every time is passed explicitly, nothing sleeps."""
 
 from __future__ import annotations
@@ -385,8 +385,23 @@ def test_pacing_delivers_every_character_in_order(
 # Regional indicators are segmented through a linear stand-in (pacing._grapheme_boundaries); it must cut
 # exactly where \X cuts the original text, marks, joiners, prepend characters and CR LF included.
 _MIXED_ALPHABET = st.sampled_from(
-    ["\U0001F1EB", "\U0001F1F7", "\U0001F1E9", "a", " ", "\u0301", "\u200d", "\U0001F468", "\ufe0f",
-     "\U0001F3FD", "\r", "\n", "\u0915", "\u093f", "\u0600"]
+    [
+        "\U0001f1eb",
+        "\U0001f1f7",
+        "\U0001f1e9",
+        "a",
+        " ",
+        "\u0301",
+        "\u200d",
+        "\U0001f468",
+        "\ufe0f",
+        "\U0001f3fd",
+        "\r",
+        "\n",
+        "\u0915",
+        "\u093f",
+        "\u0600",
+    ]
 )
 
 
@@ -399,7 +414,7 @@ def test_regional_indicator_stand_in_cuts_where_grapheme_clusters_end(text: str)
 
 
 def test_a_long_run_of_flag_letters_is_cut_between_pairs() -> None:
-    run = "\U0001F1FA" * 4801  # 2400 pairs and a lone indicator
+    run = "\U0001f1fa" * 4801  # 2400 pairs and a lone indicator
     pieces = split_pieces(run, 80)
     assert "".join(pieces) == run and len(pieces) == 80
     assert all(len(piece) % 2 == 0 for piece in pieces[:-1])

@@ -1,5 +1,5 @@
 """The front's native submit carries the proxy passkey and the client's address when configured, so the
-horde's per-address rate limits count each client of the front rather than the front (spec: Rate limits)."""
+horde's per-address rate limits count each client of the front rather than the front (docs/native-api.md#rate-limits)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The relay state machine (spec: chat-front.md *Delta fields*, *Final reply reconciliation*, *Model and
-fingerprint*) and the resumable streams' event ids, without I/O: entries in, SSE events out."""
+"""The relay state machine (docs/openai-front.md#streaming,
+#responses) and the resumable streams' event ids, without I/O: entries in, SSE events out."""
 
 from __future__ import annotations
 
@@ -8,14 +8,22 @@ from typing import Any
 
 import pytest
 from horde_core.chat_stream import StreamEntry
-from horde_oai.mapping import build_system_fingerprint
+from horde_oai.completion import build_system_fingerprint
 from horde_oai.relay import DeltaRelay, EventId, parse_event_id
 
 T0 = 1_700_000_000.0
 
 
-def delta(gen: str, seq: int, content: str = "", reasoning: str | None = None, *, at: float = 0.0,
-          worker: str | None = "w1", model: str | None = "m1") -> StreamEntry:
+def delta(
+    gen: str,
+    seq: int,
+    content: str = "",
+    reasoning: str | None = None,
+    *,
+    at: float = 0.0,
+    worker: str | None = "w1",
+    model: str | None = "m1",
+) -> StreamEntry:
     fields: dict[str, Any] = {"gen": gen, "seq": str(seq), "content": content}
     if reasoning is not None:
         fields["reasoning_content"] = reasoning
@@ -166,7 +174,14 @@ def test_unexposed_request_is_delivered_whole_with_the_final_model_and_fingerpri
     assert all(d["model"] == "final-model" and d["system_fingerprint"] == "fp_final" for _, d in events[:4])
     assert events[4][1]["choices"] == [] and events[4][1]["usage"]["total_tokens"] == 7
     assert events[5][1] == "[DONE]"
-    assert [e for e, _ in events] == ["req:-:0:0", "req:-:3:0", "req:-:3:9", "req:-:3:9:f", "req:-:3:9:f", "req:-:3:9:f"]
+    assert [e for e, _ in events] == [
+        "req:-:0:0",
+        "req:-:3:0",
+        "req:-:3:9",
+        "req:-:3:9:f",
+        "req:-:3:9:f",
+        "req:-:3:9:f",
+    ]
 
 
 def test_after_exposure_the_final_reply_sends_the_remainder_with_the_first_delta_identity():
@@ -266,8 +281,13 @@ def test_event_ids_parse(value, parsed):
 
 
 def test_resume_replays_what_the_client_missed_and_continues():
-    history = [delta("g0", 1, "old attempt"), ended("g0"), delta("g1", 1, "Hello", "Hmm"),
-               delta("g1", 2, " brave", " ok"), delta("g1", 3, " new world")]
+    history = [
+        delta("g0", 1, "old attempt"),
+        ended("g0"),
+        delta("g1", 1, "Hello", "Hmm"),
+        delta("g1", 2, " brave", " ok"),
+        delta("g1", 3, " new world"),
+    ]
     r = relay()
     catchup = r.resume(EventId("req", "g1", 3, 8), history, now=T0)
     assert deltas_of(catchup) == [{"reasoning_content": " ok"}, {"content": "ave new world"}]

@@ -1,4 +1,4 @@
-"""Screening and validation of the request body (spec: chat-front.md *Request keys*)."""
+"""Screening and validation of the request body (docs/openai-front.md#requests)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""x-should-retry on every error the front returns (README: Retries and idempotency): true only where a retry
+"""x-should-retry on every error the front returns (docs/openai-front.md#retries-and-idempotency): true only where a retry
 of the same call is safe (it joins the same operation) and may help."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from horde_oai.completions import stream_busy, stream_not_resumable
 from horde_oai.errors import OpenAIError, bad_request, no_eligible_worker
-from horde_oai.mapping import map_native_error
+from horde_oai.native_errors import map_native_error
 from horde_oai.waiter import faulted_error, no_generation_error, queue_unavailable_error, timeout_error
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from horde_core.redis_keys import publish_chat_event, signal_client
-from horde_oai.signals import SignalHub
+from horde_core.redis_keys import signal_client
+from horde_core.signals import SignalHub, publish_chat_event
 
 
 async def test_events_reach_every_subscriber_of_the_request(redis_url):
@@ -20,8 +20,9 @@ async def test_events_reach_every_subscriber_of_the_request(redis_url):
         assert await publish_chat_event(publisher, "req-1", "generation", 1)
         assert await publish_chat_event(publisher, "req-1", "done", 1)
         assert await first.wait(5) == {"id": "req-1", "event": "generation", "generations": 1}
-        assert (await first.wait(5))["event"] == "done"
-        assert (await second.wait(5))["event"] == "generation"
+        done, generation = await first.wait(5), await second.wait(5)
+        assert done is not None and done["event"] == "done"
+        assert generation is not None and generation["event"] == "generation"
         assert await other.wait(0.3) is None
         await hub.unsubscribe(first)
         await hub.unsubscribe(second)

@@ -1,4 +1,4 @@
-"""Issue 8's front gaps, to the letter of chat-front.md: native_finish_reason on every choice, null content on a
+"""The front's contract gaps, to the letter of docs/openai-front.md: native_finish_reason on every choice, null content on a
 tool-call reply, schema_ as an unknown key, CORS on a 500, the native Retry-After and rc passed through, the role
 message's article, and the native call latency histogram.
 
@@ -22,22 +22,24 @@ import pytest
 from horde_core.metrics import BUCKETS_REQUEST_LIFECYCLE_SECONDS, BUCKETS_SECONDS
 from horde_oai import metrics
 from horde_oai.app import create_app
+from horde_oai.completion import build_assistant_message, build_completion
 from horde_oai.errors import OpenAIError
 from horde_oai.horde_client import HordeClient
-from horde_oai.mapping import build_assistant_message, build_completion, map_native_error
+from horde_oai.native_errors import map_native_error
 from horde_oai.relay import DeltaRelay
 from horde_oai.schema import validate_request
 from horde_oai.server_errors import UnhandledErrorMiddleware
 from horde_oai.settings import OaiSettings
 from horde_oai.streaming import buffered_stream_events
-from horde_testing.launcher import free_port
+from horde_testing.launcher import ServiceProcess, free_port
+from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client import REGISTRY
 
-from .conftest import FrontProcess, start_front
+from .conftest import error_body, start_front
 from .test_e2e_native import Worker, in_thread, sdk, stack  # noqa: F401 (stack: the real native services)
 
 REQUEST_ID = "7b3f8e9a-1111-4222-8333-944455556666"
-MESSAGES = [{"role": "user", "content": "Hello"}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hello"}]
 ORIGIN = {"Origin": "https://lite.koboldai.net"}
 
 
@@ -397,7 +399,7 @@ class ScriptedHorde:
 
 
 @pytest.fixture(scope="module")
-def scripted() -> Iterator[tuple[ScriptedHorde, FrontProcess]]:
+def scripted() -> Iterator[tuple[ScriptedHorde, ServiceProcess]]:
     horde = ScriptedHorde()
     front = start_front({"HORDE_OAI_HORDE_URL": horde.url, "HORDE_OAI_REDIS_URL": ""})
     try:
@@ -461,7 +463,7 @@ def test_the_sdk_sees_the_native_retry_after_and_rc(scripted):
         client.chat.completions.create(model="m", messages=MESSAGES)
     assert info.value.status_code == 503
     assert info.value.response.headers["retry-after"] == "7"
-    assert info.value.body["code"] == "ChatAdmissionDisabled"
+    assert error_body(info.value)["code"] == "ChatAdmissionDisabled"
 
 
 def test_an_unknown_model_is_404_unknown_chat_model_end_to_end(stack):  # noqa: F811

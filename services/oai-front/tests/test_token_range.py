@@ -1,8 +1,8 @@
 """The completion limit's range at the front: max_tokens (or max_completion_tokens) above 16384 is refused
 with 400 before any native call, never lowered; 16384 itself passes to the Horde.
 
-Spec: chat-requests.md *Request body* ("max_length, 16 to 16384 ... not clamped"), chat-front.md *Value and
-contract validation* (the rules shared with the native route; a limit of 1 to 15 gets the Horde floor).
+See docs/native-api.md#request-body ("max_length, 16 to 16384 ... not clamped"), docs/openai-front.md
+#requests (the rules shared with the native route; a limit of 1 to 15 gets the Horde floor).
 The rule is horde_contract's (parse_chat_request), the same one the native route applies.
 """
 
@@ -12,14 +12,13 @@ from typing import Any
 
 import httpx
 import pytest
-
-from .conftest import FrontProcess
+from horde_testing.launcher import ServiceProcess
 
 MESSAGES = [{"role": "user", "content": "Hello"}]
 HEADERS = {"Authorization": "Bearer 0000000000"}
 
 
-def complete(front: FrontProcess, **body: Any) -> httpx.Response:
+def complete(front: ServiceProcess, **body: Any) -> httpx.Response:
     return httpx.post(
         f"{front.url}/v1/chat/completions",
         json={"model": "m", "messages": MESSAGES, **body},
@@ -29,7 +28,7 @@ def complete(front: FrontProcess, **body: Any) -> httpx.Response:
 
 
 @pytest.mark.parametrize("value", [16385, 20000])
-def test_max_tokens_above_16384_is_400(lone_front: FrontProcess, value: int) -> None:
+def test_max_tokens_above_16384_is_400(lone_front: ServiceProcess, value: int) -> None:
     response = complete(lone_front, max_tokens=value)
     assert response.status_code == 400
     assert response.json() == {
@@ -43,7 +42,7 @@ def test_max_tokens_above_16384_is_400(lone_front: FrontProcess, value: int) -> 
     assert response.headers["x-should-retry"] == "false"
 
 
-def test_max_completion_tokens_above_16384_names_the_key_sent(lone_front: FrontProcess) -> None:
+def test_max_completion_tokens_above_16384_names_the_key_sent(lone_front: ServiceProcess) -> None:
     response = complete(lone_front, max_completion_tokens=20000)
     assert response.status_code == 400
     error = response.json()["error"]
@@ -54,7 +53,7 @@ def test_max_completion_tokens_above_16384_names_the_key_sent(lone_front: FrontP
     )
 
 
-def test_max_tokens_16384_is_accepted(lone_front: FrontProcess) -> None:
+def test_max_tokens_16384_is_accepted(lone_front: ServiceProcess) -> None:
     # Accepted by the front and forwarded: the horde of this front does not answer, so 502, not a 400.
     response = complete(lone_front, max_tokens=16384)
     assert response.status_code == 502

@@ -7,11 +7,11 @@ import time
 
 import httpx
 import pytest
+from horde_core.signals import SignalHub
 from horde_oai.cancels import CancelManager
 from horde_oai.errors import OpenAIError
 from horde_oai.horde_client import HordeClient
 from horde_oai.metrics import max_tokens_bucket, outcome_class_for
-from horde_oai.signals import SignalHub
 from horde_oai.waiter import (
     ChatWait,
     faulted_error,
@@ -70,7 +70,7 @@ def test_outcome_classes_and_buckets():
     assert max_tokens_bucket(20000) == "over"
 
 
-# --- unanswered status reads (spec: Stream errors) -------------------------------------------------------------
+# --- unanswered status reads (docs/openai-front.md#streaming) -------------------------------------------------------------
 
 DONE = {
     "done": True,
@@ -154,7 +154,14 @@ async def test_transport_failures_count_as_unanswered_and_then_cancel():
 
 
 async def test_progress_spares_the_periodic_status_reads():
-    running = {"done": False, "faulted": False, "waiting": 0, "processing": 1, "is_possible": True, "generations": []}
+    running = {
+        "done": False,
+        "faulted": False,
+        "waiting": 0,
+        "processing": 1,
+        "is_possible": True,
+        "generations": [],
+    }
     reads: list[float] = []
 
     def native(request: httpx.Request) -> httpx.Response:

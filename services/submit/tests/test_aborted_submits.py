@@ -1,11 +1,11 @@
 """Replies to aborted generations, late settlement of cancelled streamed generations, progress on an expired
-request, and the ``horde.job_submit.done`` record (issue 8).
+request, and the ``horde.job_submit.done`` record.
 
-Spec: chat-requests.md **Structured submit** ("A chat reply for a faulted generation returns 400 AbortedGen
+See docs/native-api.md#submit ("A chat reply for a faulted generation returns 400 AbortedGen
 before the reply is checked, so a refusal is not stored on the request and the abort counts as a dropped job"),
-**Job lease**, **Streaming progress** (ChatJobAborted), **Pricing** (a cancelled streamed generation is settled
+docs/native-api.md#job-lease, #progress (ChatJobAborted), docs/native-api.md#pricing (a cancelled streamed generation is settled
 on its posted content, faulted as cancelled, not counted toward the worker's aborted-job threshold, not
-restarted), **Reply verification** (``horde.job_submit.done`` carries ``dropped_tool_calls``); text path §4.
+restarted), docs/native-api.md#reply-verification (``horde.job_submit.done`` carries ``dropped_tool_calls``); docs/native-api.md#submit.
 """
 
 from __future__ import annotations
@@ -185,7 +185,7 @@ async def test_reply_to_a_generation_of_an_expired_request_is_aborted_gen(app_cl
     r = await post(app_client, body, job.owner.api_key)
     assert (r.status_code, r.json()) == (400, expected)
     assert await stored_state(factory, job) == before
-    # Once the janitor deleted the request, the generation is gone: 404 InvalidJobID (text path §7).
+    # Once the janitor deleted the request, the generation is gone: 404 InvalidJobID (docs/native-api.md#expiry).
     await factory.row("DELETE FROM waiting_prompts WHERE id = $1 RETURNING id", job.wp_id)
     r = await post(app_client, reply(job), job.owner.api_key)
     assert r.status_code == 404
@@ -196,7 +196,7 @@ async def test_reply_to_a_generation_of_an_expired_request_is_aborted_gen(app_cl
 
 
 async def test_reply_to_a_cancelled_request_that_does_not_stream_is_stored(app_client, factory) -> None:
-    """In-flight jobs of a cancelled request finish and are paid (text path §2) unless the request streams."""
+    """In-flight jobs of a cancelled request finish and are paid (docs/native-api.md#status-and-cancel) unless the request streams."""
     job = await factory.job()
     await factory.row("UPDATE waiting_prompts SET cancelled = true WHERE id = $1 RETURNING id", job.wp_id)
     r = await post(app_client, reply(job, "late but paid"), job.owner.api_key)

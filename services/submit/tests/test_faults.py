@@ -1,11 +1,11 @@
 """Faulted submits: fault reasons, the worker_faults counter, restarts, worker counters and the request fault
-past FAULTED_GENERATIONS_LIMIT (spec: **Worker fault reasons**, **Refusal record and worker counters**,
-**Structured submit**; text path §4, §7, §14)."""
+past FAULTED_GENERATIONS_LIMIT (docs/native-api.md#worker-fault-reasons, #refusal-record,
+docs/native-api.md#submit, #expiry, #text-route)."""
 
 from __future__ import annotations
 
 import pytest
-from horde_contract import CHAT_WORKER_FAULT_MESSAGES
+from horde_contract import CHAT_WORKER_FAULT_MESSAGES, ChatFaultReason
 
 SUBMIT = "/v2/generate/text/submit"
 FAULTS = "horde_chat_worker_faults_total"
@@ -158,7 +158,7 @@ async def test_request_faults_past_the_limit_and_signals(app_client, factory, su
             "id": str(wp),
             "event": "faulted",
             "generations": 0,
-            "fault_reason": CHAT_WORKER_FAULT_MESSAGES["prompt_overflow"],
+            "fault_reason": CHAT_WORKER_FAULT_MESSAGES[ChatFaultReason.prompt_overflow],
             "fault_rc": "ChatWorkerFault",
         }
     ]

@@ -1,6 +1,6 @@
 """Submits priced at the served model's multiplier from the text model reference (HORDE_TEXT_MODEL_REFERENCE).
 
-Spec: chat-requests.md **Pricing** (the generation is charged at the model that served it); text path §4 (a
+See docs/native-api.md#pricing (the generation is charged at the model that served it); docs/native-api.md#submit (a
 known model earns ``round(T(gen) * bonus * P / 125 * (0.3 if the bridge is unvalidated) * ctx, 2)``), §10.
 
 The reference is ``text_model_reference.json`` beside this file: ``horde-test/model-13b`` (13B) and

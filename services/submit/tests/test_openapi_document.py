@@ -1,6 +1,6 @@
-"""Submit's OpenAPI 3.1 document (issue 9 item 6): valid, both routes described, and the submit and progress
-bodies' schemas agreeing with the spec's tables (spec: chat-requests.md *Structured submit*, *Streaming
-progress*; ai-horde-text-path.md §4)."""
+"""Submit's OpenAPI 3.1 document: valid, both routes described, and the submit and progress
+bodies' schemas agreeing with the spec's tables (docs/native-api.md#submit,
+#progress; docs/native-api.md#submit)."""
 
 from __future__ import annotations
 

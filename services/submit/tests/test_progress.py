@@ -1,5 +1,5 @@
 """POST /v2/generate/text/progress, lease upkeep at submit and fault, and SettleCancelledGeneration
-(spec: **Streaming progress**, **Job lease**, **Pricing**)."""
+(docs/native-api.md#progress, #job-lease, #pricing)."""
 
 from __future__ import annotations
 
@@ -210,7 +210,9 @@ async def test_a_body_past_any_cap_is_refused_unread(app_client) -> None:
 
 async def test_nul_is_relayed_as_the_submit_stores_it(app_client, factory, signal_db) -> None:
     job = await streamed_job(factory, signal_db)
-    r = await app_client.post(PROGRESS, json=post_body(job, 1, "a\x00b", "r\x00"), headers={"apikey": job.owner.api_key})
+    r = await app_client.post(
+        PROGRESS, json=post_body(job, 1, "a\x00b", "r\x00"), headers={"apikey": job.owner.api_key}
+    )
     assert r.status_code == 200
     (entry,) = await entries(signal_db, job)
     assert (entry["content"], entry["reasoning_content"]) == ("a\ufffdb", "r\ufffd")
@@ -276,7 +278,9 @@ async def renewed(client, factory, signal_db, lease_seconds: int = 150, **job_kw
     after = time.time()
     assert r.status_code == 200
     gen = await factory.row("SELECT job_ttl FROM processing_gens WHERE id = $1", job.gen_id)
-    possible = range(math.ceil(before - started + lease_seconds), math.ceil(after - started + lease_seconds) + 1)
+    possible = range(
+        math.ceil(before - started + lease_seconds), math.ceil(after - started + lease_seconds) + 1
+    )
     return (
         gen["job_ttl"],
         await signal_db.hget(lease, LeaseField.job_ttl.value),
@@ -298,7 +302,9 @@ async def test_renewal_extends_by_the_configured_lease(
     job_ttl, lease_ttl, _, possible = await renewed(app_client, factory, signal_db, started_ago=8, job_ttl=10)
     assert job_ttl in possible and lease_ttl == str(job_ttl)
     # A post after the short lease lapsed does not extend it.
-    job_ttl, lease_ttl, _, _ = await renewed(short_lease_client, factory, signal_db, started_ago=15, job_ttl=10)
+    job_ttl, lease_ttl, _, _ = await renewed(
+        short_lease_client, factory, signal_db, started_ago=15, job_ttl=10
+    )
     assert (job_ttl, lease_ttl) == (10, "10")
 
 

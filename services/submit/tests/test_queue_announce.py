@@ -1,4 +1,4 @@
-"""A restarted job is announced to the waiting pops (README: Long-poll pop): a faulted submit puts the job back
+"""A restarted job is announced to the waiting pops (docs/worker-guide.md#long-poll): a faulted submit puts the job back
 in the queue and publishes it on ``horde:queue:announce`` after the commit; a fault that restarts nothing (a
 cancelled request, a request faulted past FAULTED_GENERATIONS_LIMIT) announces nothing."""
 

@@ -1,4 +1,4 @@
-"""Reply verification cannot be weaponised (issue 9 item 3), through the submit route on real stores.
+"""Reply verification cannot be weaponised, through the submit route on real stores.
 
 A requester's strict schema and a worker's reply are both hostile input: a catastrophic pattern is answered at
 once (RE2), a check that would run long ends at its bound as ChatSubmitNonconformant while the service keeps
@@ -82,11 +82,15 @@ async def test_catastrophic_pattern_is_nonconformant_at_once_while_healthz_answe
     in milliseconds, and /healthz answers beside it."""
     job = await factory.job(chat_extras=strict(REDOS))
     body = chat_body(job, json.dumps({"s": "a" * 40 + "!"}))
-    started = time.perf_counter()
-    r, health = await asyncio.gather(
-        app_client.post(SUBMIT, json=body, headers={"apikey": job.owner.api_key}), app_client.get("/healthz")
+    # A backtracking engine takes hours on this reply: answering at all is the proof (the wait_for is a hang
+    # guard).
+    r, health = await asyncio.wait_for(
+        asyncio.gather(
+            app_client.post(SUBMIT, json=body, headers={"apikey": job.owner.api_key}),
+            app_client.get("/healthz"),
+        ),
+        30,
     )
-    assert time.perf_counter() - started < 2.0
     assert health.status_code == 200
     assert r.status_code == 400, r.text
     assert r.json()["rc"] == "ChatSubmitNonconformant"
@@ -213,7 +217,7 @@ async def test_an_over_long_chat_reply_is_invalid_and_nothing_is_stored(app_clie
 async def test_tool_call_arguments_count_toward_the_bound(app_client, factory) -> None:
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     job = await factory.job(max_length=16, chat_extras={"tools": [tool]})
-    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "x" * 254}}
+    call: dict[str, Any] = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "x" * 254}}
     body = chat_body(job, None, tool_calls=[call])
     body["finish_reason"] = "tool_calls"
     r = await app_client.post(SUBMIT, json=body, headers={"apikey": job.owner.api_key})

@@ -1,4 +1,4 @@
-"""Shared keys at the worker routes and at settlement (issue 9 item 2; text path §4 Money, §5 Shared keys).
+"""Shared keys at the worker routes and at settlement (docs/native-api.md#submit Money, #kudos Shared keys).
 
 A shared key is a spending key: submit and progress take only the worker owner's own key (a shared key of that
 owner is 401 InvalidAPIKey at submit, as upstream's ``find_user_by_api_key`` never resolves one, and 403

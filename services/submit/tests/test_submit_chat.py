@@ -1,7 +1,7 @@
 """POST /v2/generate/text/submit with structured chat replies: storage, settlement, signals, refusals, CAS.
 
-Spec: chat-requests.md **Structured submit**, **Reasoning**, **Refusal record and worker counters**, **Pricing**,
-**Completion signal**; text path §4, §5.
+See docs/native-api.md#submit, #reasoning, #refusal-record, #pricing,
+#completion-signal; docs/native-api.md#submit, #kudos.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Upstream's per-address limits on the worker routes of submit (ai-horde-text-path.md §9: 60/second per address;
+"""Upstream's per-address limits on the worker routes of submit (docs/native-api.md#rate-limits: 60/second per address;
 here 2/minute): submit and progress each count on their own, per client address, before the body is read. The
 real submit app on the real stores."""
 

@@ -1,4 +1,4 @@
-"""Legacy text submits (text path §4, §5), pricing numbers (spec: **Pricing**) and the Settlement gRPC service."""
+"""Legacy text submits (docs/native-api.md#submit, #kudos), pricing numbers (docs/native-api.md#pricing) and the Settlement gRPC service."""
 
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ async def test_api_path_alias(app_client, factory) -> None:
 
 
 def test_pricing_numbers() -> None:
-    """The text formula (text path §4): known model, bridge factor, trust on unknown models, caps."""
+    """The text formula (docs/native-api.md#submit): known model, bridge factor, trust on unknown models, caps."""
     base = dict(prompt_characters=4096, max_length=512, max_context_length=4096, owner_trusted=False)
     ctx = pricing.context_multiplier(4096, 4096)
     assert ctx == pytest.approx(1.2 + 2.2**0)  # 1024 prompt tokens

@@ -1,4 +1,4 @@
-"""Every row of the **Reply verification** table through the submit route, under strict and best_effort.
+"""Every row of the docs/native-api.md#reply-verification table through the submit route, under strict and best_effort.
 
 A refused reply returns 400 with its rc and leaves the generation pending with the refusal recorded; a passing
 reply is stored (with the single-call reduction and the finish reason rule applied).

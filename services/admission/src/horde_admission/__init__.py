@@ -1,4 +1,4 @@
-"""horde_admission: the admission service (ARCHITECTURE.md): chat and text request intake, status and cancel.
+"""horde_admission: the admission service (README.md#architecture): chat and text request intake, status and cancel.
 
 Modules: ``chat`` and ``text`` (route families), ``models`` (GET /v2/status/models), ``body`` (the 413 bound),
 ``auth``, ``ratelimit``, ``checks`` (concurrency, worker lists, shared keys), ``availability`` (dispatch's

@@ -9,7 +9,7 @@ from horde_admission.settings import AdmissionSettings
 
 
 def main() -> None:
-    """Build the settings and the app, and serve until SIGTERM/SIGINT."""
+    """Build the settings and the app, then serve until SIGTERM/SIGINT."""
     settings = AdmissionSettings()
     serve(create_app(settings), settings, settings.admission_http_port, SERVICE)
 

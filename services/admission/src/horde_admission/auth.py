@@ -1,4 +1,4 @@
-"""API key authentication for the generate, status and cancel routes (text path §1 headers, §5 shared keys).
+"""API key authentication for the generate, status and cancel routes (docs/native-api.md#text-route headers, #kudos shared keys).
 
 ``apikey`` is required on generate routes; an unknown key is 401 InvalidAPIKey. A key that parses as a UUID is
 first tried as a shared key, whose owner is the requester and is charged; the anonymous key ``0000000000``
@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from horde_core.errors import HordeError
+from horde_contract.errors import RC, HordeError
+from horde_contract.refusals import deleted_user_error, invalid_api_key_error
+from horde_core.metrics import requester_kind
 from horde_store import users
-
-from horde_admission.store import Conn
+from horde_store.db import Conn
 
 ANONYMOUS_API_KEY = "0000000000"
 
@@ -37,14 +38,7 @@ class Requester:
     @property
     def kind(self) -> str:
         """The horde.requester metric attribute: anonymous, registered or shared_key."""
-        if self.shared_key_id:
-            return "shared_key"
-        return "anonymous" if self.anonymous else "registered"
-
-
-def invalid_api_key() -> HordeError:
-    """401 InvalidAPIKey (text path §1)."""
-    return HordeError(401, "InvalidAPIKey", "No user matching sent API Key. Have you remembered to register?")
+        return requester_kind(anonymous=self.anonymous, shared_key=bool(self.shared_key_id))
 
 
 def _from_store(found: users.AuthenticatedUser) -> Requester:
@@ -77,18 +71,18 @@ def admit(found: users.AuthenticatedUser | None) -> Requester:
     """The requester for a resolved key, with every refusal of a new submission.
 
     401 InvalidAPIKey for a missing or unknown key (``found`` None); 403 DeletedUser; for a shared key 403
-    SharedKeyExpired and 403 SharedKeyEmpty (kudos 0). Text path §1, §5.
+    SharedKeyExpired and 403 SharedKeyEmpty (kudos 0). docs/native-api.md#text-route, #kudos.
     """
     if found is None:
-        raise invalid_api_key()
+        raise invalid_api_key_error()
     if found.deleted:
-        raise HordeError(403, "DeletedUser", "This user has been deleted.")
+        raise deleted_user_error()
     key = found.shared_key
     if key is not None:
         if key.is_expired():
-            raise HordeError(403, "SharedKeyExpired", "This shared key has expired.")
+            raise HordeError(403, RC.SharedKeyExpired, "This shared key has expired.")
         if key.kudos == 0:
-            raise HordeError(403, "SharedKeyEmpty", "This shared key has no kudos left.")
+            raise HordeError(403, RC.SharedKeyEmpty, "This shared key has no kudos left.")
     return _from_store(found)
 
 
@@ -96,13 +90,13 @@ async def authenticate(conn: Conn, apikey: str | None, salt: str) -> Requester:
     """The requester for ``apikey`` (:func:`resolve_api_key`, then :func:`admit` and its refusals).
 
     401 InvalidAPIKey for a missing or unknown key; 403 DeletedUser; for a shared key 403 SharedKeyExpired
-    and 403 SharedKeyEmpty (kudos 0). Text path §1, §5.
+    and 403 SharedKeyEmpty (kudos 0). docs/native-api.md#text-route, #kudos.
     """
     return admit(await resolve_api_key(conn, apikey, salt))
 
 
 def operation_key_owner(found: users.AuthenticatedUser | None) -> int | None:
-    """The user id an operation key is claimed for (spec: Operation key): the key's user, the owner when it
+    """The user id an operation key is claimed for (docs/native-api.md#operation-key): the key's user, the owner when it
     is a shared key, or None for a missing or unknown key or a deleted user.
 
     A shared key's expiry and kudos are not checked: a retry of a submit that used up or outlived its shared

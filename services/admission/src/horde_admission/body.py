@@ -1,15 +1,14 @@
 """The request body of admission's routes: horde_core's one body reader under the chat bounds (413
-RequestTooLarge before parsing, spec: Routes, step 1; read_chat_request_body), refusals in the Horde envelope."""
+RequestTooLarge before parsing, docs/native-api.md#routes, step 1; read_chat_request_body), refusals in the Horde envelope."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import horde_contract as contract
 from fastapi import Request
+from horde_contract.errors import RC, HordeError
 from horde_core import body
-from horde_core.errors import HordeError
-
-from horde_admission import contract
 
 
 def request_too_large(limit: int) -> Exception:
@@ -17,7 +16,7 @@ def request_too_large(limit: int) -> Exception:
     error: Exception = (
         contract.request_too_large_error()
         if limit == contract.MAX_CHAT_BODY_BYTES
-        else HordeError(413, "RequestTooLarge", f"The request body is larger than {limit} bytes.")
+        else HordeError(413, RC.RequestTooLarge, f"The request body is larger than {limit} bytes.")
     )
     return error
 
@@ -30,9 +29,9 @@ async def read_bounded_body(request: Request, limit: int, read_timeout: float = 
     except body.BodyTooLarge:
         raise request_too_large(limit) from None
     except body.BodyReadTimeout as exc:
-        raise HordeError(408, "RequestBodyTimeout", str(exc)) from None
+        raise HordeError(408, RC.RequestBodyTimeout, str(exc)) from None
     except body.InvalidContentLength as exc:
-        raise HordeError(400, "BadRequest", str(exc)) from None
+        raise HordeError(400, RC.BadRequest, str(exc)) from None
 
 
 def parse_json_object(raw: bytes, limits: body.BodyLimits = body.CHAT_BODY_LIMITS) -> dict[str, Any]:
@@ -46,10 +45,10 @@ def parse_json_object(raw: bytes, limits: body.BodyLimits = body.CHAT_BODY_LIMIT
     try:
         value = body.parse_json_body(raw, limits, allow_empty=True)
     except body.JsonStructureError as exc:
-        raise HordeError(400, "BadRequest", exc.message) from None
+        raise HordeError(400, RC.BadRequest, exc.message) from None
     if not isinstance(value, dict):
         raise HordeError(
-            400, "BadRequest", "Input payload validation failed: the body has to be a JSON object."
+            400, RC.BadRequest, "Input payload validation failed: the body has to be a JSON object."
         )
     return value
 

@@ -1,7 +1,7 @@
 """Chat routes: ``POST /v2/generate/chat/async``, ``GET/DELETE /v2/generate/chat/status/{id}``.
 
-Spec: chat-requests.md **Routes** (processing order), **Known models**, **Operation key**, **Admission flag**,
-**Rate limits**, **Request body**, **Context adjustments**, **Free output allowance**, **Completion signal**.
+See docs/native-api.md#routes (processing order), #known-models, #operation-key, #admission-flag,
+#rate-limits, #request-body, #context-adjustments, #free-output-allowance, #completion-signal.
 """
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import logging
 import uuid
 from typing import Any
 
+import horde_contract as contract
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from horde_core.errors import HordeError
 from horde_store.users import AuthenticatedUser
 
-from horde_admission import contract, images, kudos, store
+from horde_admission import images, kudos, store
 from horde_admission.auth import Requester, admit, authenticate, operation_key_owner, resolve_api_key
 from horde_admission.availability import (
     RequestNeeds,
@@ -25,22 +25,15 @@ from horde_admission.availability import (
 )
 from horde_admission.body import read_json_object
 from horde_admission.checks import (
-    SHARED_KEY_KUDOS_REFUSALS,
     check_concurrency,
     check_hold_before_images,
     check_shared_key,
     check_workers_exist,
     client_agent,
 )
-from horde_admission.creation import (
-    create_or_refuse,
-    free_allowance,
-    horde_tax,
-    needs_upfront,
-    record_decision,
-)
+from horde_admission.creation import Funding, create_or_refuse, free_allowance, horde_tax, upfront_hold
 from horde_admission.lifecycle import cancel_and_report, read_status_body
-from horde_admission.sizing import lower_max_length, size_context
+from horde_admission.sizing import Sized, lower_max_length, size_context
 from horde_admission.state import get_state
 
 log = logging.getLogger(__name__)
@@ -97,11 +90,24 @@ def request_needs(
     )
 
 
+def sized_params(
+    chat: contract.ChatRequest, body: dict[str, Any], sized: Sized, requested_context: int
+) -> dict[str, Any]:
+    """The text params stored for the sized request, checked on the sized values (route step 8): max_length
+    always, max_context_length when the body set it or sizing changed it. A refusal names the body's length
+    key (max_completion_tokens when it was sent, else max_tokens)."""
+    params = dict(chat.text_params, max_length=sized.max_length)
+    if chat.max_context_length is not None or sized.max_context_length != requested_context:
+        params["max_context_length"] = sized.max_context_length
+    length_key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    return contract.validate_chat_text_params(params, length_key=length_key)
+
+
 @router.post("/v2/generate/chat/async")
 async def chat_async(request: Request) -> JSONResponse:
     """Queue a chat request.
 
-    Body: the native chat body (spec: Request body); header ``apikey``. 202 ``{id, kudos, message?,
+    Body: the native chat body (docs/native-api.md#request-body); header ``apikey``. 202 ``{id, kudos, message?,
     warnings}``; 200 ``{id, kudos}`` for a repeated operation key; dry run 200 ``{kudos, ...}``.
     Errors in route order: 429 rate limit, 413 RequestTooLarge, 400 contract refusals, 400
     OperationKeyConflict, 503 ChatAdmissionDisabled, 401 InvalidAPIKey, 429 TooManyPrompts, 404
@@ -168,11 +174,7 @@ async def chat_async(request: Request) -> JSONResponse:
         horde.context_fit.value,
     )
     adjustments.extend(sized.adjustments)
-    params = dict(chat.text_params, max_length=sized.max_length)
-    if chat.max_context_length is not None or sized.max_context_length != requested_context:
-        params["max_context_length"] = sized.max_context_length
-    length_key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    params = contract.validate_chat_text_params(params, length_key=length_key)
+    params = sized_params(chat, body, sized, requested_context)
 
     # Images in turns truncate_oldest dropped are neither fetched, stored, charged nor required of a worker.
     parts = images.image_parts(sized.messages)
@@ -213,33 +215,19 @@ async def chat_async(request: Request) -> JSONResponse:
         )
 
     allowance = await free_allowance(state, list(chat.models), availability, requester, chat=True)
-    if requester.shared_key_id is not None:
-        key_amount = kudos.shared_key_amount(
-            list(chat.models),
-            sized.max_length,
-            sized.max_context_length,
-            1,
-            tax,
-            reference=state.model_reference,
-        )
-        try:
-            check_shared_key(requester, sized.max_length, key_amount, availability)
-        except HordeError as exc:
-            if exc.rc in SHARED_KEY_KUDOS_REFUSALS:
-                record_decision(requester, "refused", chat.max_length, allowance, chat=True)
-            raise
     lists_workers = bool(horde.only or horde.ignore)
-    needs_hold = needs_upfront(settings, sized.max_length, allowance, horde.slow_workers, lists_workers)
-    hold = (
-        kudos.hold_amount(list(chat.models), sized.max_length, reference=state.model_reference)
-        if needs_hold
-        else 0.0
+    hold = upfront_hold(
+        state, list(chat.models), sized.max_length, allowance, horde.slow_workers, lists_workers
     )
-    # The images are fetched and decoded only once every other check has passed (spec: Images), the hold
+    funding = Funding(requester, chat.max_length, allowance, hold, chat=True, availability=availability)
+    key_amount = check_shared_key(
+        state, funding, list(chat.models), sized.max_length, sized.max_context_length, 1, tax
+    )
+    # The images are fetched and decoded only once every other check has passed (docs/native-api.md#images), the hold
     # included; the creating transaction checks the hold again under the user's row lock.
     jpegs: list[bytes] = []
     if parts:
-        await check_hold_before_images(state, requester, hold, allowance, availability, chat.max_length)
+        await check_hold_before_images(state, funding)
         jpegs = await images.load_chat_images(
             parts, trusted=trusted_images, dry_run=False, fetcher=state.fetcher
         )
@@ -263,6 +251,7 @@ async def chat_async(request: Request) -> JSONResponse:
         worker_ids=list(horde.only or horde.ignore or []),
         worker_blacklist=horde.ignore is not None,
         shared_key_id=requester.shared_key_id,
+        shared_key_amount=key_amount,
         client_agent=client_agent(request),
         ipaddr=request.client.host if request.client else None,
         operation_key=op_key,
@@ -280,9 +269,7 @@ async def chat_async(request: Request) -> JSONResponse:
         ttl_seconds=settings.request_ttl_seconds,
     )
     try:
-        request_id = await create_or_refuse(
-            state, new, hold, allowance, availability, requester, chat.max_length, jpegs
-        )
+        request_id = await create_or_refuse(state, new, funding, jpegs)
     except store.OperationKeyRace:
         assert op_key is not None and fingerprint is not None
         async with state.pool.acquire() as conn:

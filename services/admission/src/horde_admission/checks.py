@@ -1,25 +1,27 @@
 """Checks the generate routes share: concurrency, listed workers, shared key limits, the hold before images,
-headers (text path §1 processing order, §5)."""
+headers (docs/native-api.md#text-route processing order, #kudos)."""
 
 from __future__ import annotations
 
 import uuid
 
 from fastapi import Request
-from horde_core.errors import HordeError
+from horde_contract.errors import RC, HordeError
+from horde_contract.refusals import worker_not_found_error
+from horde_contract.requirements import no_eligible_worker_error
+from horde_store.db import Conn
 
 from horde_admission import kudos, store
 from horde_admission.auth import Requester
-from horde_admission.availability import Availability
-from horde_admission.creation import record_decision
+from horde_admission.creation import Funding
 from horde_admission.state import AdmissionState
 
 
 def too_many_prompts(count: int, concurrency: int) -> HordeError:
-    """429 TooManyPrompts (text path §5)."""
+    """429 TooManyPrompts (docs/native-api.md#kudos)."""
     return HordeError(
         429,
-        "TooManyPrompts",
+        RC.TooManyPrompts,
         f"Parallel requests ({count}) exceeded user limit ({concurrency}). Please try again later or request "
         "to increase your concurrency.",
     )
@@ -35,11 +37,11 @@ WHERE user_id = $1 AND NOT faulted AND n >= 1 AND active
 _CONCURRENT = "SELECT coalesce(sum(n), 0) FROM waiting_prompts WHERE user_id = $1 AND NOT faulted AND n >= 1"
 
 
-async def count_concurrent(conn: store.Conn, requester: Requester, models: list[str]) -> int:
-    """Σn over the user's unfaulted requests with n ≥ 1 (text path §5).
+async def count_concurrent(conn: Conn, requester: Requester, models: list[str]) -> int:
+    """Σn over the user's unfaulted requests with n ≥ 1 (docs/native-api.md#kudos).
 
     The anonymous user, whom every anonymous client shares, is counted per model as upstream (its active
-    requests listing a requested model), but whatever ``models`` holds (issue 9): a request without models
+    requests listing a requested model), but whatever ``models`` holds: a request without models
     may be served by any model's worker, so it competes with every anonymous request and they all compete
     with it; leaving ``models`` empty no longer counts as zero. A long list is bounded at parse
     (MAX_TEXT_MODEL_COUNT).
@@ -56,7 +58,7 @@ async def check_concurrency(
     requester: Requester,
     models: list[str],
     n: int = 1,
-    conn: store.Conn | None = None,
+    conn: Conn | None = None,
 ) -> None:
     """429 TooManyPrompts when the user's queued jobs plus this request's exceed their concurrency.
 
@@ -72,14 +74,14 @@ async def check_concurrency(
 
 
 async def check_workers_exist(state: AdmissionState, workers: list[str]) -> None:
-    """404 WorkerNotFound for a listed worker id that is not a worker (text path §1)."""
+    """404 WorkerNotFound for a listed worker id that is not a worker (docs/native-api.md#text-route)."""
     if not workers:
         return
     for worker in workers:
         try:
             uuid.UUID(worker)
         except ValueError:
-            raise HordeError(404, "WorkerNotFound", f"Worker with ID '{worker}' not found.") from None
+            raise worker_not_found_error(worker) from None
     async with state.pool.acquire() as conn:
         found = {
             str(r["id"])
@@ -87,7 +89,7 @@ async def check_workers_exist(state: AdmissionState, workers: list[str]) -> None
         }
     for worker in workers:
         if worker not in found:
-            raise HordeError(404, "WorkerNotFound", f"Worker with ID '{worker}' not found.")
+            raise worker_not_found_error(worker)
 
 
 def client_agent(request: Request) -> str:
@@ -96,58 +98,67 @@ def client_agent(request: Request) -> str:
 
 
 #: The rcs of :func:`check_shared_key`'s kudos refusal (counted as refused on
-#: ``horde.text.free_allowance.decisions``, spec: Free output allowance).
-SHARED_KEY_KUDOS_REFUSALS = frozenset({"SharedKeyInsufficientKudos", "NoEligibleWorker"})
+#: ``horde.text.free_allowance.decisions``, docs/native-api.md#free-output-allowance).
+SHARED_KEY_KUDOS_REFUSALS = frozenset({RC.SharedKeyInsufficientKudos, RC.NoEligibleWorker})
 
 
 def check_shared_key(
-    requester: Requester, max_length: int, amount: float, availability: Availability | None
-) -> None:
-    """A shared key's limits (text path §5): 400 BadRequest above its max_text_tokens, 403
-    SharedKeyInsufficientKudos when ``amount`` (:func:`kudos.shared_key_amount`: the estimate at the highest
-    multiplier across the list) exceeds its kudos (403 NoEligibleWorker instead when no online worker can
-    serve; the text route passes no ``availability`` and always gets SharedKeyInsufficientKudos, as upstream).
-    Its expiry and emptiness are refused by :func:`horde_admission.auth.admit`. The kudos refusals' rcs are
-    :data:`SHARED_KEY_KUDOS_REFUSALS`. Both generate routes call it."""
+    state: AdmissionState,
+    funding: Funding,
+    models: list[str],
+    max_length: int,
+    max_context_length: int,
+    n: int,
+    tax: float,
+) -> float:
+    """A shared key's limits for the request ``funding`` pays for; returns what the key must cover
+    (:func:`kudos.shared_key_amount` at these sizes: the estimate at the highest multiplier across the list;
+    0 without a shared key).
+
+    400 BadRequest above the key's max_text_tokens; 403 SharedKeyInsufficientKudos when the amount exceeds
+    its kudos (403 NoEligibleWorker instead when ``funding.availability`` has no eligible worker; the text
+    route has none and always gets SharedKeyInsufficientKudos, as upstream). A kudos refusal
+    (:data:`SHARED_KEY_KUDOS_REFUSALS`) is counted as refused (:meth:`Funding.record`). The key's expiry and
+    emptiness are refused by :func:`horde_admission.auth.admit`. Both generate routes call it."""
+    requester = funding.requester
     if requester.shared_key_id is None:
-        return
+        return 0.0
+    amount = float(
+        kudos.shared_key_amount(
+            models, max_length, max_context_length, n, tax, reference=state.model_reference
+        )
+    )
     limit = requester.shared_key_max_text_tokens
     if limit is not None and limit != -1 and max_length > limit:
         raise HordeError(
             400,
-            "BadRequest",
+            RC.BadRequest,
             f"This shared key is limited to {limit} tokens per request; max_tokens is {max_length}.",
         )
     key_kudos = requester.shared_key_kudos
     if key_kudos is not None and key_kudos != -1 and amount > key_kudos:
+        funding.record("refused")
+        availability = funding.availability
         if availability is not None and availability.eligible_workers == 0:
-            raise kudos.no_eligible_worker_for_kudos(availability.impossible_reason())
+            raise no_eligible_worker_error(availability.impossible_reason())
         raise HordeError(
             403,
-            "SharedKeyInsufficientKudos",
+            RC.SharedKeyInsufficientKudos,
             f"This shared key has {key_kudos:g} kudos left; the request needs {amount:g}.",
         )
+    return amount
 
 
-async def check_hold_before_images(
-    state: AdmissionState,
-    requester: Requester,
-    hold: float,
-    allowance: int,
-    availability: Availability,
-    requested_length: int,
-) -> None:
+async def check_hold_before_images(state: AdmissionState, funding: Funding) -> None:
     """Refuse a hold the requester cannot cover before the request's images are fetched and decoded (spec:
-    Images, "after the other checks"; issue 9): 403 KudosUpfront, or 403 NoEligibleWorker when no online
-    worker can serve, counted as refused, the same refusal the creating transaction gives. That transaction
-    checks again under the user's row lock; this earlier check only spares the fetch."""
-    if hold <= 0:
+    Images, "after the other checks"): 403 KudosUpfront, or 403 NoEligibleWorker when no online
+    worker can serve, counted as refused, the same refusal the creating transaction gives
+    (:meth:`Funding.refusal`). That transaction checks again under the user's row lock; this earlier check
+    only spares the fetch."""
+    if funding.hold <= 0:
         return
     async with state.pool.acquire() as conn, conn.transaction():
-        balance = await store.available_balance(conn, requester.user_id)
-    if balance >= hold:
+        balance = await store.available_balance(conn, funding.requester.user_id)
+    if balance >= funding.hold:
         return
-    record_decision(requester, "refused", requested_length, allowance, chat=True)
-    if availability.eligible_workers == 0:
-        raise kudos.no_eligible_worker_for_kudos(availability.impossible_reason())
-    raise kudos.kudos_upfront_error(allowance, hold)
+    raise funding.refusal(store.HoldRefused())

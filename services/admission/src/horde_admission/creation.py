@@ -1,26 +1,30 @@
 """Creating a request: the free output allowance and upfront hold, the horde tax, the row (and its images)
-and the kudos refusals (spec: Free output allowance, Images, Operation key; text path §5)."""
+and the kudos refusals (docs/native-api.md#free-output-allowance, Images, Operation key; docs/native-api.md#kudos)."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 
+import horde_contract as contract
+from horde_contract.errors import HordeError
 from horde_core import queue_announce
+from horde_core.metrics import size_bucket
 
-from horde_admission import contract, kudos, store
+from horde_admission import kudos, store
 from horde_admission.auth import Requester
 from horde_admission.availability import Availability
 from horde_admission.settings import AdmissionSettings
-from horde_admission.sizing import size_bucket
 from horde_admission.state import AdmissionState
 
 log = logging.getLogger(__name__)
 
 
 def horde_tax(settings: AdmissionSettings, image_count: int = 0) -> float:
-    """The horde tax at activation: 1, plus 5 per image (spec: Images)."""
+    """The horde tax at activation: 1, plus 5 per image (docs/native-api.md#images)."""
     tax: float = settings.horde_tax + contract.EXTRA_SOURCE_IMAGE_HORDE_TAX * image_count
     return tax
 
@@ -49,7 +53,7 @@ async def free_allowance(
 def record_decision(
     requester: Requester, outcome: str, requested_length: int, allowance: int, *, chat: bool
 ) -> None:
-    """Count one request creation on ``horde.text.free_allowance.decisions`` (spec: Free output allowance).
+    """Count one request creation on ``horde.text.free_allowance.decisions`` (docs/native-api.md#free-output-allowance).
 
     ``outcome`` is free, funded, refused (KudosUpfront, SharedKeyInsufficientKudos, or NoEligibleWorker in
     their place) or downgraded; ``requested_length`` the max_length the request asked for (tokens, before
@@ -74,21 +78,90 @@ def needs_upfront(
     )
 
 
+@dataclass(frozen=True)
+class Funding:
+    """How a request about to be created is paid for, decided the same way on both generate routes.
+
+    ``requester`` sends it; ``requested_length`` is the max_length its body asked for (tokens, before any
+    lowering or downgrade); ``allowance`` its free output allowance (tokens); ``hold`` the kudos held upfront
+    (0: none); ``chat`` its route family (the ``horde.chat`` label). ``availability`` is what turns a kudos
+    refusal into 403 NoEligibleWorker when no online worker can serve the request; None never does (the
+    text route refuses with KudosUpfront or SharedKeyInsufficientKudos whatever the workers, as upstream).
+    """
+
+    requester: Requester
+    requested_length: int
+    allowance: int
+    hold: float
+    chat: bool
+    availability: Availability | None = None
+
+    def record(self, outcome: str) -> None:
+        """Count this creation's ``outcome`` (:func:`record_decision`)."""
+        record_decision(self.requester, outcome, self.requested_length, self.allowance, chat=self.chat)
+
+    def refusal(self, refused: store.HoldRefused) -> HordeError:
+        """The 403 for a hold or shared key amount the creating transaction refused: NoEligibleWorker (with
+        impossible_reason when the declarations are the cause) when no online worker can serve,
+        SharedKeyInsufficientKudos for the key, else KudosUpfront. Counts the refusal."""
+        self.record("refused")
+        if self.availability is not None and self.availability.eligible_workers == 0:
+            return contract.no_eligible_worker_error(self.availability.impossible_reason())
+        if isinstance(refused, store.SharedKeyHoldRefused):
+            return kudos.shared_key_insufficient_error(refused.available, refused.amount)
+        return kudos.kudos_upfront_error(self.allowance, self.hold)
+
+
+def upfront_hold(
+    state: AdmissionState,
+    models: list[str],
+    max_length: int,
+    allowance: int,
+    slow_workers: bool,
+    lists_workers: bool,
+    n: int = 1,
+) -> float:
+    """The kudos held upfront for a request (0: none): :func:`kudos.hold_amount` at ``max_length`` tokens
+    when :func:`needs_upfront` asks for a hold."""
+    if not needs_upfront(state.settings, max_length, allowance, slow_workers, lists_workers):
+        return 0.0
+    return kudos.hold_amount(models, max_length, n, reference=state.model_reference)
+
+
+def _with_shared_key_amount(state: AdmissionState, new: store.NewRequest) -> store.NewRequest:
+    """``new`` with what its shared key must cover filled in (:func:`kudos.shared_key_amount` at its sizes)."""
+    if new.shared_key_id is None or new.shared_key_amount:
+        return new
+    amount = kudos.shared_key_amount(
+        new.models,
+        new.max_length,
+        new.max_context_length,
+        new.n,
+        new.tax,
+        reference=state.model_reference,
+    )
+    return dataclasses.replace(new, shared_key_amount=float(amount))
+
+
 async def create_or_refuse(
     state: AdmissionState,
     new: store.NewRequest,
-    hold: float,
-    allowance: int,
-    availability: Availability,
-    requester: Requester,
-    requested_length: int,
+    funding: Funding,
     jpegs: list[bytes] | None = None,
+    *,
+    downgrade: Callable[[], store.NewRequest] | None = None,
 ) -> uuid.UUID:
-    """Create the request; a hold the requester cannot cover is 403 KudosUpfront, what its shared key cannot
-    cover 403 SharedKeyInsufficientKudos, either 403 NoEligibleWorker (with impossible_reason when the
-    declarations are the cause) when no online worker can serve it. Both are checked in the creating
-    transaction under the user's and the key's row locks (:func:`store.reserve`), so parallel requests never
-    hold more than the balance or the key's kudos.
+    """Create the request, count the decision on ``horde.text.free_allowance.decisions`` and announce it;
+    both generate routes create their requests here.
+
+    A hold the requester cannot cover, or an amount its shared key cannot, is refused with
+    :meth:`Funding.refusal` (403). Both are checked in the creating transaction under the user's and the
+    key's row locks (:func:`store.reserve`), so parallel requests never hold more than the balance or the
+    key's kudos; a request without a hold or a shared key is one statement (:func:`store.create_request`).
+
+    ``downgrade`` (the text route's allow_downgrade) builds the request to create instead when the user
+    cannot cover the hold: it needs no hold, so only its shared key can still refuse it; it is counted as
+    downgraded. A shared key's refusal is never downgraded.
 
     With ``jpegs`` the inactive row is written first, the images are stored under its id (a store failure
     deletes the row: 503 ChatImageStorageUnavailable), then the request is activated; a failed activation
@@ -97,37 +170,35 @@ async def create_or_refuse(
     After the commit the new request is announced to the waiting pops (:func:`announce_request`); a dry run
     or an operation key's replay never gets here, so it announces nothing.
     """
-    if new.shared_key_id is not None and not new.shared_key_amount:
-        amount = kudos.shared_key_amount(
-            new.models,
-            new.max_length,
-            new.max_context_length,
-            new.n,
-            new.tax,
-            reference=state.model_reference,
-        )
-        new = dataclasses.replace(new, shared_key_amount=float(amount))
+    new = _with_shared_key_amount(state, new)
+    outcome = "funded" if funding.hold > 0 else "free"
     try:
-        if not jpegs:
-            async with state.pool.acquire() as conn:
-                request_id = await store.create_request(conn, new, hold)
-        else:
-            request_id = await _create_with_images(state, new, hold, jpegs)
+        request_id = await _create(state, new, funding.hold, jpegs)
     except store.HoldRefused as refused:
-        record_decision(requester, "refused", requested_length, allowance, chat=new.is_chat)
-        if availability.eligible_workers == 0:
-            raise kudos.no_eligible_worker_for_kudos(availability.impossible_reason()) from None
-        if isinstance(refused, store.SharedKeyHoldRefused):
-            raise kudos.shared_key_insufficient_error(refused.available, refused.amount) from None
-        raise kudos.kudos_upfront_error(allowance, hold) from None
-    outcome = "funded" if hold > 0 else "free"
-    record_decision(requester, outcome, requested_length, allowance, chat=new.is_chat)
+        if downgrade is None or isinstance(refused, store.SharedKeyHoldRefused):
+            raise funding.refusal(refused) from None
+        outcome = "downgraded"
+        new = _with_shared_key_amount(state, downgrade())
+        try:
+            request_id = await _create(state, new, 0.0, None)
+        except store.HoldRefused as refused_again:
+            raise funding.refusal(refused_again) from None
+    funding.record(outcome)
     await announce_request(state, request_id, new)
     return request_id
 
 
+async def _create(
+    state: AdmissionState, new: store.NewRequest, hold: float, jpegs: list[bytes] | None
+) -> uuid.UUID:
+    if jpegs:
+        return await _create_with_images(state, new, hold, jpegs)
+    async with state.pool.acquire() as conn:
+        return await store.create_request(conn, new, hold)
+
+
 async def announce_request(state: AdmissionState, request_id: uuid.UUID, new: store.NewRequest) -> bool:
-    """Announce a newly created active request to the waiting pops (README: Long-poll pop), after its commit.
+    """Announce a newly created active request to the waiting pops (docs/worker-guide.md#long-poll), after its commit.
 
     Fails open: True when Redis took the announcement; a Redis error or timeout is logged and counted by
     :func:`horde_core.queue_announce.publish` and the request stands (waiting pops find it on their periodic

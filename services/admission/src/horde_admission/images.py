@@ -1,10 +1,10 @@
 """Images in chat requests: load (decode or fetch), check, normalise to JPEG, store, and reference.
 
-Spec: chat-requests.md **Images** (caps and refusals, the public fetch, normalisation, storage keys
+See docs/native-api.md#images (caps and refusals, the public fetch, normalisation, storage keys
 ``<request id>_chat_<n>.jpg`` behind ``horde-r2://`` references, 503 ChatImageStorageUnavailable). The
 refusals come from horde_contract; the count cap and the 25 MiB data-URL bound were applied at parse.
 
-Under attack (issue 9, item 5): an image URL is parsed and refused before anything is fetched when it is
+Under attack: an image URL is parsed and refused before anything is fetched when it is
 malformed, longer than MAX_CHAT_IMAGE_URL_LENGTH or not encodable as ASCII (SourceImageUrlInvalid) or names a
 port other than 80 or 443 (SourceImageUrlRefused); an address is public only when it is global and not a
 6to4 or NAT64 address embedding a non-public IPv4 address, nor site-local; a fetch asks for and accepts only
@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urljoin, urlsplit
 
+import horde_contract as contract
 import httpx
 from horde_contract.limits import (
     CHAT_IMAGE_FETCH_DEADLINE_SECONDS,
@@ -51,8 +52,6 @@ from horde_contract.vocab import ChatFeature
 from horde_core.redis_keys import CHAT_IMAGE_DELETE_RETRY_KEY
 from horde_store.objects import chat_image_key, delete_objects
 from PIL import Image
-
-from horde_admission import contract
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +109,7 @@ def image_parts(messages: Sequence[dict[str, Any]]) -> list[ImagePart]:
 
 def kept_image_features(required_features: Sequence[str], kept: Sequence[ImagePart]) -> list[str]:
     """The request's required features once sizing kept the image parts ``kept``: without ``vision`` when
-    truncate_oldest dropped every turn with an image (spec: Context adjustments, images in dropped turns are
+    truncate_oldest dropped every turn with an image (docs/native-api.md#context-adjustments, images in dropped turns are
     not fetched, stored or charged; nor do they restrict the request to vision workers)."""
     if kept:
         return list(required_features)
@@ -174,7 +173,7 @@ def is_public_address(address: str) -> bool:
     )
 
 
-def _invalid(part: ImagePart, reason: str) -> contract.ChatContractError:
+def _invalid(part: ImagePart, reason: str) -> contract.HordeError:
     return contract.source_image_url_invalid_error(part.path, reason=reason)
 
 
@@ -389,7 +388,7 @@ def normalise(data: bytes, path: str) -> bytes:
     (read from the header before decoding), including an image Pillow's guard refuses as a decompression bomb
     (``DecompressionBombError``, or its warning when warnings are errors, raised while the header is read,
     before our own check sees the size); 400 SourceImageUnreadable when the bytes are not a readable image of
-    those formats, whatever the decoder raises. Spec: chat-requests.md *Images*."""
+    those formats, whatever the decoder raises. See docs/native-api.md#images."""
     try:
         image: Image.Image = Image.open(io.BytesIO(data), formats=CHAT_IMAGE_FORMATS)
         width, height = image.size
@@ -408,7 +407,7 @@ def normalise(data: bytes, path: str) -> bytes:
         out = io.BytesIO()
         image.save(out, format="JPEG", quality=CHAT_IMAGE_JPEG_QUALITY)
         return out.getvalue()
-    except contract.ChatContractError:
+    except contract.HordeError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise contract.source_image_resolution_error(path, pixels=_bomb_pixels(exc)) from None
@@ -416,10 +415,10 @@ def normalise(data: bytes, path: str) -> bytes:
         raise contract.source_image_unreadable_error(path) from None
 
 
-def image_stage_timeout_error(seconds: float) -> contract.ChatContractError:
+def image_stage_timeout_error(seconds: float) -> contract.HordeError:
     """503 when the request's images could not be decoded within the stage deadline (the decoders are busy):
     nothing was created or charged, and a retry may pass."""
-    return contract.ChatContractError(
+    return contract.HordeError(
         503,
         contract.RC.ChatImageStorageUnavailable,
         f"The request's images could not be processed within {seconds:g} seconds; try again later. "

@@ -1,17 +1,18 @@
 """Kudos at admission: the quote, the free output allowance and whether a hold is needed.
 
-Spec: chat-requests.md **Free output allowance**, **Pricing** (quote from the first listed model, upfront
-checks at the highest multiplier), **Request body** (horde.max_kudos); text path §4 (quote formula), §5 (hold
+See docs/native-api.md#free-output-allowance, #pricing (quote from the first listed model, upfront
+checks at the highest multiplier), #request-body (horde.max_kudos); docs/native-api.md#submit (quote formula), #kudos (hold
 amount, KudosUpfront). Multipliers come from the text model reference (``HORDE_TEXT_MODEL_REFERENCE``,
-text path §10): ``parameters / 1e9`` for a listed model, 1 otherwise.
+docs/native-api.md#model-reference): ``parameters / 1e9`` for a listed model, 1 otherwise.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 from horde_contract import TextModelReference
-from horde_core.errors import HordeError
+from horde_contract.errors import RC, HordeError
 from horde_core.metrics import counter, histogram
 
 from horde_admission.settings import AdmissionSettings
@@ -29,7 +30,7 @@ FREE_ALLOWANCE_WAIT = histogram(
 
 
 def context_multiplier(max_context_length: int) -> float:
-    """``clamp(1.2 + 2.2^log2(ctx/1024), 0.1, 30)`` (text path §4, the quote's context factor)."""
+    """``clamp(1.2 + 2.2^log2(ctx/1024), 0.1, 30)`` (docs/native-api.md#submit, the quote's context factor)."""
     value = 1.2 + float(2.2 ** math.log2(max(max_context_length, 1) / 1024))
     return min(max(value, 0.1), 30.0)
 
@@ -62,27 +63,21 @@ def quote_request(
     tax: float = 1.0,
     *,
     reference: TextModelReference,
+    highest: bool = False,
 ) -> int:
-    """The request's kudos estimate, as a dry run returns it: ``round((gen + 1) * n + tax)``."""
-    gen = quote_generation(models, max_length, max_context_length, reference=reference)
+    """The request's kudos estimate, as a dry run returns it: ``round((gen + 1) * n + tax)``, ``gen`` priced
+    at the first listed model (:func:`quote_generation`). With ``highest``, ``gen`` is priced at the highest
+    multiplier across the list instead: what a shared key has to cover (:data:`shared_key_amount`)."""
+    if highest and models:
+        gen = _generation_at(reference.highest_multiplier(models), max_length, max_context_length)
+    else:
+        gen = quote_generation(models, max_length, max_context_length, reference=reference)
     return round((gen + 1) * n + tax)
 
 
-def shared_key_amount(
-    models: list[str],
-    max_length: int,
-    max_context_length: int,
-    n: int = 1,
-    tax: float = 1.0,
-    *,
-    reference: TextModelReference,
-) -> int:
-    """What a shared key has to cover: the estimate priced at the highest multiplier across the list, so a
-    cheap model listed first does not lower it (spec: Pricing). Equals the estimate for a single model."""
-    if not models:
-        return quote_request(models, max_length, max_context_length, n, tax, reference=reference)
-    gen = _generation_at(reference.highest_multiplier(models), max_length, max_context_length)
-    return round((gen + 1) * n + tax)
+#: What a shared key has to cover: the estimate priced at the highest multiplier across the list, so a cheap
+#: model listed first does not lower it (docs/native-api.md#pricing). Equals the estimate for a single model or none.
+shared_key_amount = functools.partial(quote_request, highest=True)
 
 
 def hold_amount(models: list[str], max_length: int, n: int = 1, *, reference: TextModelReference) -> float:
@@ -120,10 +115,10 @@ def free_output_allowance(settings: AdmissionSettings, wait: float | None) -> in
 
 
 def kudos_upfront_error(allowance: int, amount: float) -> HordeError:
-    """403 KudosUpfront; the message states the allowance (text path §5 wording)."""
+    """403 KudosUpfront; the message states the allowance (docs/native-api.md#kudos wording)."""
     return HordeError(
         403,
-        "KudosUpfront",
+        RC.KudosUpfront,
         f"Due to heavy demand, for requests over {allowance} tokens, the client needs to already have the "
         f"required kudos. This request requires {amount:g} kudos to fulfil.",
     )
@@ -131,26 +126,9 @@ def kudos_upfront_error(allowance: int, amount: float) -> HordeError:
 
 def shared_key_insufficient_error(available: float, amount: float) -> HordeError:
     """403 SharedKeyInsufficientKudos: the shared key's kudos left (less its requests' holds) and what the
-    request needs (text path §5)."""
+    request needs (docs/native-api.md#kudos)."""
     return HordeError(
         403,
-        "SharedKeyInsufficientKudos",
+        RC.SharedKeyInsufficientKudos,
         f"This shared key has {max(available, 0.0):g} kudos left; the request needs {amount:g}.",
-    )
-
-
-def no_eligible_worker_for_kudos(impossible_reason: dict[str, object] | None) -> HordeError:
-    """403 NoEligibleWorker in place of a kudos refusal when no online worker can serve the request."""
-    message = "No online worker can serve this request"
-    if impossible_reason is None:
-        return HordeError(403, "NoEligibleWorker", message + ".")
-    parts = []
-    missing = list(impossible_reason.get("missing_declarations") or [])  # type: ignore[call-overload]
-    exceeded = list(impossible_reason.get("exceeded_limits") or [])  # type: ignore[call-overload]
-    if missing:
-        parts.append("no online worker serving the model declares " + ", ".join(str(m) for m in missing))
-    for limit in exceeded:
-        parts.append(f"the request exceeds the {limit} limit of every online worker serving the model")
-    return HordeError(
-        403, "NoEligibleWorker", message + ": " + "; ".join(parts) + ".", impossible_reason=impossible_reason
     )

@@ -1,4 +1,4 @@
-"""Status reads and cancels shared by the chat and text route families (text path §2; spec: Routes,
+"""Status reads and cancels shared by the chat and text route families (docs/native-api.md#status-and-cancel; see docs/native-api.md#routes,
 Completion signal, Structured submit, Streaming progress, Pricing)."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from typing import Any
 
 import grpc
 from horde.submit.v1 import settlement_pb2
+from horde_contract.errors import RC, HordeError
 from horde_core.chat_stream import flag_cancelled_leases
-from horde_core.errors import HordeError
-from horde_core.redis_keys import publish_chat_event
+from horde_core.signals import publish_chat_event
 
 from horde_admission import store
 from horde_admission.availability import (
@@ -28,9 +28,9 @@ log = logging.getLogger(__name__)
 
 
 def request_not_found(request_id: str, is_chat: bool) -> HordeError:
-    """404 RequestNotFound (text path §2 wording)."""
+    """404 RequestNotFound (docs/native-api.md#status-and-cancel wording)."""
     kind = "Chat Waiting Prompt" if is_chat else "Text Waiting Prompt"
-    return HordeError(404, "RequestNotFound", f"{kind} (Status) with ID '{request_id}' not found.")
+    return HordeError(404, RC.RequestNotFound, f"{kind} (Status) with ID '{request_id}' not found.")
 
 
 def parse_request_id(request_id: str, is_chat: bool) -> uuid.UUID:
@@ -85,7 +85,7 @@ async def read_status_body(state: AdmissionState, request_id: str, is_chat: bool
 
 
 async def settle_streamed(state: AdmissionState, generation_ids: list[uuid.UUID]) -> list[uuid.UUID]:
-    """Ask submit to settle each in-flight streamed generation on its posted content (spec: Pricing; one
+    """Ask submit to settle each in-flight streamed generation on its posted content (docs/native-api.md#pricing; one
     ``SettlementService.SettleCancelledGeneration`` call each, ``settlement_timeout_seconds`` apiece).
 
     Returns the generations whose call failed (any error: a gRPC status, a timeout, a broken channel; each
@@ -139,7 +139,7 @@ async def cancel_and_report(state: AdmissionState, request_id: str, is_chat: boo
         if claimed and is_chat:
             streamed = await store.streamed_in_flight(conn, rid)
     if streamed:
-        # Settle on the posted content first, then flag the leases (spec: Streaming progress).
+        # Settle on the posted content first, then flag the leases (docs/native-api.md#progress).
         await settle_streamed(state, streamed)
         await flag_cancelled_leases(state.signals, str(rid), [str(g) for g in streamed])
     if claimed and is_chat:

@@ -1,6 +1,6 @@
 """``GET /v2/status/models``: the text model list, and with ``chat=true`` each model's chat offer.
 
-Text path §8 (fields, 2 s cache); spec: chat-requests.md **Chat model list**. Simplified: the list is
+docs/native-api.md#model-list (fields, 2 s cache); see docs/native-api.md#model-list. Simplified: the list is
 computed from the workers table on a miss of the 2 s cache (no models_cache rebuild loop), and only type=text
 has entries (this horde serves no image models).
 
@@ -20,7 +20,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from horde_contract import TextModelReference
-from horde_core.errors import HordeError
+from horde_contract.errors import RC, HordeError
+from horde_core.redis_keys import models_cache_key
 
 from horde_admission.state import get_state
 
@@ -30,7 +31,6 @@ router = APIRouter()
 
 ROUTE_CACHE_SECONDS = 2
 ONLINE_SECONDS = 300
-CACHE_KEY_PREFIX = "horde:admission:models:v2:"
 
 # One row per (model, worker) for online workers not in maintenance: the text models a worker pops with,
 # and its chat model_id. The chat object comes from the same pass.
@@ -134,9 +134,9 @@ async def status_models(
     leaves out workers with prompt_jobs false. ``model_state`` is known, custom or all (else 400).
     """
     if model_state not in ("known", "custom", "all"):
-        raise HordeError(400, "BadRequest", "model_state has to be one of 'known', 'custom' or 'all'.")
+        raise HordeError(400, RC.BadRequest, "model_state has to be one of 'known', 'custom' or 'all'.")
     if chat and type != "text":
-        raise HordeError(400, "BadRequest", "chat=true is only available with type=text.")
+        raise HordeError(400, RC.BadRequest, "chat=true is only available with type=text.")
     if type != "text":
         return JSONResponse([])
     state = get_state(request)
@@ -151,11 +151,6 @@ async def status_models(
             continue
         filtered.append(entry)
     return JSONResponse(filtered)
-
-
-def models_cache_key(chat: bool) -> str:
-    """The cache key of the computed text model list: ``chat`` is the only parameter that shapes it."""
-    return f"{CACHE_KEY_PREFIX}{'chat' if chat else 'text'}"
 
 
 async def _compute_entries(request: Request, chat: bool) -> list[dict[str, Any]]:

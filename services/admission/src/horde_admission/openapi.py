@@ -1,6 +1,6 @@
 """Admission's OpenAPI 3.1 document (``/openapi.json``): the chat and text generate routes, their status and
-cancel routes and the model list (spec: chat-requests.md *Routes*, *Request body*, *Tools*, *Refused keys and
-values*; ai-horde-text-path.md §1, §2, §8).
+cancel routes and the model list (docs/native-api.md#routes, #request-body, #tools,
+#refused-keys-and-values; docs/native-api.md#text-route, #status-and-cancel, #model-list).
 
 The request bodies are read by hand (``horde_contract.parse_chat_request``, :func:`horde_admission.text.
 parse_text_body`), so their schemas are written here from the spec's tables, with the ``horde`` object and the
@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import FastAPI
-from horde_contract import limits
-from horde_contract.request import ChatHordeOptions
+from horde_contract import TOP_LEVEL_KEYS, limits
+from horde_contract.request_options import ChatHordeOptions
 from horde_contract.text_params import ChatTextParams, TextGenerationParams
 from horde_contract.vocab import ChatImageDetail, ChatReasoningEffort
 from horde_core.openapi import (
@@ -26,6 +26,7 @@ from horde_core.openapi import (
     nullable,
     pydantic_schema,
 )
+from horde_core.openapi_parts import STRING, json_object, ref, tool_call
 
 DESCRIPTION = (
     "The AI Horde's native chat and text request routes: queue a request, read its status, cancel it, and list "
@@ -45,10 +46,6 @@ PROXIED_FOR_HEADER = header("Proxied-For", "The proxied client's address, read w
 GENERATE_HEADERS = (APIKEY_HEADER, CLIENT_AGENT_HEADER, PROXY_AUTHORIZATION_HEADER, PROXIED_FOR_HEADER)
 
 
-def _ref(name: str) -> dict[str, Any]:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
 def _text_params_property(name: str) -> dict[str, Any]:
     """One text param's schema as ChatTextParams declares it (its non-null branch), made nullable."""
     schema: dict[str, Any] = ChatTextParams.model_json_schema(ref_template="#/components/schemas/{model}")
@@ -60,19 +57,30 @@ def _text_params_property(name: str) -> dict[str, Any]:
     return nullable(value)
 
 
-_TEXT = {"type": "string"}
-_TEXT_PARTS_ONLY = {"type": "array", "minItems": 1, "items": _ref("ChatTextPart")}
+_TEXT_PARTS_ONLY = {"type": "array", "minItems": 1, "items": ref("ChatTextPart")}
 _TOOL_NAME = {"type": "string", "pattern": limits.CHAT_TOOL_NAME_PATTERN}
 _TOOL_CALL_ID = {"type": "string", "minLength": 1, "maxLength": limits.MAX_CHAT_TOOL_CALL_ID_LENGTH}
 
 
+def _closed(
+    properties: dict[str, Any], required: list[str], description: str | None = None
+) -> dict[str, Any]:
+    """An object schema refusing keys beyond ``properties`` (the chat body refuses unknown keys)."""
+    return json_object(properties, required, additional=False, description=description)
+
+
+def _enum(*values: str) -> dict[str, Any]:
+    return {"type": "string", "enum": list(values)}
+
+
+def _function(function_properties: dict[str, Any]) -> dict[str, Any]:
+    """``{type: "function", function: {name, ...}}`` (a tool, a tool choice)."""
+    function = _closed(function_properties, ["name"])
+    return _closed({"type": _enum("function"), "function": function}, ["type", "function"])
+
+
 def _message(role: Any, content: dict[str, Any], required: list[str], **extra: Any) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": {"role": role, "content": content, **extra},
-        "required": required,
-        "additionalProperties": False,
-    }
+    return _closed({"role": role, "content": content, **extra}, required)
 
 
 def _horde_options_schema() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -99,17 +107,10 @@ def _horde_options_schema() -> tuple[dict[str, Any], dict[str, Any]]:
 def chat_request_schemas() -> dict[str, Any]:
     """The native chat body (``ChatAsyncRequest``) and the schemas it references."""
     horde, horde_defs = _horde_options_schema()
-    params = {
-        name: _text_params_property(name)
-        for name in (
-            "temperature",
-            "top_p",
-            "frequency_penalty",
-            "presence_penalty",
-            "seed",
-            "reasoning_effort",
-        )
-    }
+    # The sampling keys the body passes to the text params as they are: its top-level keys ChatTextParams
+    # declares, n aside (described below: only 1), in the params model's order.
+    sampling = [name for name in ChatTextParams.model_fields if name in TOP_LEVEL_KEYS and name != "n"]
+    params = {name: _text_params_property(name) for name in sampling}
     max_tokens = nullable(
         {"type": "integer", "minimum": limits.MIN_CHAT_MAX_TOKENS, "maximum": limits.MAX_CHAT_MAX_TOKENS}
     )
@@ -134,7 +135,7 @@ def chat_request_schemas() -> dict[str, Any]:
                 "type": "array",
                 "minItems": 1,
                 "maxItems": limits.MAX_CHAT_MESSAGE_COUNT,
-                "items": _ref("ChatMessage"),
+                "items": ref("ChatMessage"),
             },
             "max_tokens": {**max_tokens, "description": "max_length, 16 to 16384 (default 512)."},
             "max_completion_tokens": {
@@ -142,21 +143,21 @@ def chat_request_schemas() -> dict[str, Any]:
                 "description": "As max_tokens; both only with equal values.",
             },
             **params,
-            "stop": nullable({"anyOf": [_TEXT, {"type": "array", "items": _TEXT}]}),
+            "stop": nullable({"anyOf": [STRING, {"type": "array", "items": STRING}]}),
             "n": nullable({"type": "integer", "enum": [1]}),
             "stream": nullable({"type": "boolean"}),
             "stream_options": nullable({"type": "object"}),
-            "user": nullable(_TEXT),
+            "user": nullable(STRING),
             "metadata": nullable({"type": "object"}),
             "tools": nullable(
-                {"type": "array", "maxItems": limits.MAX_CHAT_TOOL_COUNT, "items": _ref("ChatTool")}
+                {"type": "array", "maxItems": limits.MAX_CHAT_TOOL_COUNT, "items": ref("ChatTool")}
             ),
             "tool_choice": nullable(
-                {"anyOf": [{"type": "string", "enum": ["none", "auto", "required"]}, _ref("ChatToolChoice")]}
+                {"anyOf": [{"type": "string", "enum": ["none", "auto", "required"]}, ref("ChatToolChoice")]}
             ),
             "parallel_tool_calls": nullable({"type": "boolean"}),
-            "response_format": nullable(_ref("ChatResponseFormat")),
-            "horde": nullable(_ref("ChatHordeOptions")),
+            "response_format": nullable(ref("ChatResponseFormat")),
+            "horde": nullable(ref("ChatHordeOptions")),
         },
         "required": ["messages"],
         "oneOf": [
@@ -165,9 +166,8 @@ def chat_request_schemas() -> dict[str, Any]:
         ],
         "additionalProperties": False,
     }
-    image_url = {
-        "type": "object",
-        "properties": {
+    image_url = _closed(
+        {
             "url": {
                 "type": "string",
                 "pattern": "^(data:image/[^,]*;base64,|https?://)",
@@ -175,52 +175,60 @@ def chat_request_schemas() -> dict[str, Any]:
             },
             "detail": nullable({"type": "string", "enum": [d.value for d in ChatImageDetail]}),
         },
-        "required": ["url"],
-        "additionalProperties": False,
-    }
+        ["url"],
+    )
     content_any = {
         "anyOf": [
-            _TEXT,
+            STRING,
             {
                 "type": "array",
                 "minItems": 1,
-                "items": {"anyOf": [_ref("ChatTextPart"), _ref("ChatImagePart")]},
+                "items": {"anyOf": [ref("ChatTextPart"), ref("ChatImagePart")]},
             },
         ]
     }
-    content_text = {"anyOf": [_TEXT, _TEXT_PARTS_ONLY]}
+    content_text = {"anyOf": [STRING, _TEXT_PARTS_ONLY]}
+    json_schema = _closed(
+        {
+            "name": _TOOL_NAME,
+            "schema": {"type": "object", "description": "A JSON schema."},
+            "description": nullable(STRING),
+            "strict": nullable({"type": "boolean"}),
+        },
+        ["name", "schema"],
+    )
     return {
         "ChatAsyncRequest": request,
         "ChatHordeOptions": horde,
         **horde_defs,
         "ChatMessage": {
             "anyOf": [
-                _ref("ChatSystemMessage"),
-                _ref("ChatUserMessage"),
-                _ref("ChatAssistantMessage"),
-                _ref("ChatToolMessage"),
+                ref("ChatSystemMessage"),
+                ref("ChatUserMessage"),
+                ref("ChatAssistantMessage"),
+                ref("ChatToolMessage"),
             ]
         },
         "ChatSystemMessage": _message(
             {"type": "string", "enum": ["system", "developer"]},
             content_text,
             ["role", "content"],
-            name=nullable(_TEXT),
+            name=nullable(STRING),
         ),
         "ChatUserMessage": _message(
-            {"type": "string", "enum": ["user"]}, content_any, ["role", "content"], name=nullable(_TEXT)
+            {"type": "string", "enum": ["user"]}, content_any, ["role", "content"], name=nullable(STRING)
         ),
         "ChatAssistantMessage": _message(
             {"type": "string", "enum": ["assistant"]},
             nullable(content_text),
             ["role"],
-            name=nullable(_TEXT),
+            name=nullable(STRING),
             tool_calls=nullable(
                 {
                     "type": "array",
                     "minItems": 1,
                     "maxItems": limits.MAX_CHAT_TOOL_CALL_COUNT,
-                    "items": _ref("ChatToolCall"),
+                    "items": ref("ChatToolCall"),
                 }
             ),
         ),
@@ -230,116 +238,43 @@ def chat_request_schemas() -> dict[str, Any]:
             ["role", "content", "tool_call_id"],
             tool_call_id=_TOOL_CALL_ID,
         ),
-        "ChatTextPart": {
-            "type": "object",
-            "properties": {"type": {"type": "string", "enum": ["text"]}, "text": _TEXT},
-            "required": ["type", "text"],
-            "additionalProperties": False,
-        },
-        "ChatImagePart": {
-            "type": "object",
-            "description": "An image, on a user message only.",
-            "properties": {"type": {"type": "string", "enum": ["image_url"]}, "image_url": image_url},
-            "required": ["type", "image_url"],
-            "additionalProperties": False,
-        },
-        "ChatToolCall": {
-            "type": "object",
-            "properties": {
-                "id": _TOOL_CALL_ID,
-                "type": {"type": "string", "enum": ["function"]},
-                "function": {
-                    "type": "object",
-                    "properties": {"name": _TEXT, "arguments": _TEXT},
-                    "required": ["name", "arguments"],
-                    "additionalProperties": False,
-                },
-            },
-            "required": ["id", "type", "function"],
-            "additionalProperties": False,
-        },
-        "ChatTool": {
-            "type": "object",
-            "properties": {
-                "type": {"type": "string", "enum": ["function"]},
-                "function": {
-                    "type": "object",
-                    "properties": {
-                        "name": _TOOL_NAME,
-                        "description": nullable(_TEXT),
-                        "parameters": nullable({"type": "object", "description": "A JSON schema."}),
-                        "strict": nullable({"type": "boolean"}),
-                    },
-                    "required": ["name"],
-                    "additionalProperties": False,
-                },
-            },
-            "required": ["type", "function"],
-            "additionalProperties": False,
-        },
-        "ChatToolChoice": {
-            "type": "object",
-            "properties": {
-                "type": {"type": "string", "enum": ["function"]},
-                "function": {
-                    "type": "object",
-                    "properties": {"name": _TEXT},
-                    "required": ["name"],
-                    "additionalProperties": False,
-                },
-            },
-            "required": ["type", "function"],
-            "additionalProperties": False,
-        },
+        "ChatTextPart": _closed({"type": _enum("text"), "text": STRING}, ["type", "text"]),
+        "ChatImagePart": _closed(
+            {"type": _enum("image_url"), "image_url": image_url},
+            ["type", "image_url"],
+            description="An image, on a user message only.",
+        ),
+        "ChatToolCall": tool_call(_TOOL_CALL_ID),
+        "ChatTool": _function(
+            {
+                "name": _TOOL_NAME,
+                "description": nullable(STRING),
+                "parameters": nullable({"type": "object", "description": "A JSON schema."}),
+                "strict": nullable({"type": "boolean"}),
+            }
+        ),
+        "ChatToolChoice": _function({"name": STRING}),
         "ChatResponseFormat": {
             "anyOf": [
-                {
-                    "type": "object",
-                    "properties": {"type": {"type": "string", "enum": ["text", "json_object"]}},
-                    "required": ["type"],
-                    "additionalProperties": False,
-                },
-                {
-                    "type": "object",
-                    "properties": {
-                        "type": {"type": "string", "enum": ["json_schema"]},
-                        "json_schema": {
-                            "type": "object",
-                            "properties": {
-                                "name": _TOOL_NAME,
-                                "schema": {"type": "object", "description": "A JSON schema."},
-                                "description": nullable(_TEXT),
-                                "strict": nullable({"type": "boolean"}),
-                            },
-                            "required": ["name", "schema"],
-                            "additionalProperties": False,
-                        },
-                    },
-                    "required": ["type", "json_schema"],
-                    "additionalProperties": False,
-                },
+                _closed({"type": _enum("text", "json_object")}, ["type"]),
+                _closed({"type": _enum("json_schema"), "json_schema": json_schema}, ["type", "json_schema"]),
             ]
         },
     }
 
 
 def text_request_schemas() -> dict[str, Any]:
-    """The legacy text body (``TextAsyncRequest``, text path §1) and its params (``TextGenerationParams``)."""
+    """The legacy text body (``TextAsyncRequest``, docs/native-api.md#text-route) and its params (``TextGenerationParams``)."""
     params, params_defs = pydantic_schema(TextGenerationParams)
     flag = nullable({"type": "boolean"})
     return {
-        "TextAsyncRequest": {
-            "type": "object",
-            "description": (
-                "A legacy text request. Keys this horde does not apply (webhook, style, proxied_account, "
-                "disable_batching, softprompt, nsfw) are ignored; extra_source_images is 400."
-            ),
-            "properties": {
+        "TextAsyncRequest": json_object(
+            {
                 "prompt": {"type": "string", "description": "The prompt; an empty one is 400 MissingPrompt."},
-                "params": nullable(_ref("TextGenerationParams")),
-                "models": nullable({"type": "array", "items": _TEXT}),
+                "params": nullable(ref("TextGenerationParams")),
+                "models": nullable({"type": "array", "items": STRING}),
                 "workers": nullable(
-                    {"type": "array", "items": _TEXT, "description": "Worker ids; the first 5 are kept."}
+                    {"type": "array", "items": STRING, "description": "Worker ids; the first 5 are kept."}
                 ),
                 "worker_blacklist": flag,
                 "trusted_workers": flag,
@@ -348,105 +283,89 @@ def text_request_schemas() -> dict[str, Any]:
                 "dry_run": flag,
                 "allow_downgrade": flag,
             },
-            "required": ["prompt"],
-            "additionalProperties": True,
-        },
+            ["prompt"],
+            description=(
+                "A legacy text request. Keys this horde does not apply (webhook, style, proxied_account, "
+                "disable_batching, softprompt, nsfw) are ignored; extra_source_images is 400."
+            ),
+        ),
         "TextGenerationParams": params,
         **params_defs,
     }
 
 
-_GENERATION = {
-    "type": "object",
-    "properties": {
-        "id": nullable(_TEXT),
-        "worker_id": nullable(_TEXT),
-        "worker_name": nullable(_TEXT),
-        "model": nullable(_TEXT),
-        "state": _TEXT,
-        "text": nullable(_TEXT),
-    },
-    "additionalProperties": True,
-}
+_GENERATION = json_object(
+    {
+        "id": nullable(STRING),
+        "worker_id": nullable(STRING),
+        "worker_name": nullable(STRING),
+        "model": nullable(STRING),
+        "state": STRING,
+        "text": nullable(STRING),
+    }
+)
 
 
 def answer_schemas() -> dict[str, Any]:
     """The successful answers of admission's routes."""
     number = {"type": "number"}
     count = {"type": "integer"}
-    return {
-        "RequestAccepted": {
-            "type": "object",
-            "description": "A queued request: its id and kudos estimate, with a warning message when no worker "
-            "can serve it now.",
-            "properties": {
-                "id": _TEXT,
-                "kudos": number,
-                "message": _TEXT,
-                "warnings": {"type": "array", "items": {}},
-            },
-            "required": ["id", "kudos"],
-            "additionalProperties": True,
+    accepted = json_object(
+        {"id": STRING, "kudos": number, "message": STRING, "warnings": {"type": "array", "items": {}}},
+        ["id", "kudos"],
+        description="A queued request: its id and kudos estimate, with a warning message when no worker "
+        "can serve it now.",
+    )
+    chat_dry_run = json_object(
+        {
+            "kudos": number,
+            "estimated_prompt_tokens": count,
+            "resolved": {"type": "object"},
+            "context_adjustments": nullable({"type": "array", "items": {"type": "object"}}),
         },
+        ["kudos"],
+    )
+    status = json_object(
+        {
+            "finished": count,
+            "processing": count,
+            "restarted": count,
+            "waiting": count,
+            "done": {"type": "boolean"},
+            "faulted": {"type": "boolean"},
+            "queue_position": count,
+            "wait_time": count,
+            "kudos": number,
+            "is_possible": {"type": "boolean"},
+            "generations": {"type": "array", "items": _GENERATION},
+        },
+        ["finished", "processing", "waiting", "done", "faulted", "generations"],
+        description="A request's status; a chat request's adds is_possible's inputs, context adjustments, "
+        "its fault and each generation's structured reply.",
+    )
+    model = json_object(
+        {
+            "name": STRING,
+            "count": count,
+            "performance": number,
+            "queued": count,
+            "jobs": count,
+            "eta": count,
+            "type": STRING,
+            "chat": {"type": "object"},
+        },
+        ["name", "count", "type"],
+    )
+    return {
+        "RequestAccepted": accepted,
         "ChatAsyncOk": {
             "description": "A repeated operation key's request `{id, kudos}`, or a dry run's quote.",
-            "anyOf": [_ref("RequestAccepted"), _ref("ChatDryRun")],
+            "anyOf": [ref("RequestAccepted"), ref("ChatDryRun")],
         },
-        "ChatDryRun": {
-            "type": "object",
-            "properties": {
-                "kudos": number,
-                "estimated_prompt_tokens": count,
-                "resolved": {"type": "object"},
-                "context_adjustments": nullable({"type": "array", "items": {"type": "object"}}),
-            },
-            "required": ["kudos"],
-            "additionalProperties": True,
-        },
-        "TextDryRun": {
-            "type": "object",
-            "properties": {"kudos": number},
-            "required": ["kudos"],
-            "additionalProperties": True,
-        },
-        "RequestStatus": {
-            "type": "object",
-            "description": "A request's status; a chat request's adds is_possible's inputs, context adjustments, "
-            "its fault and each generation's structured reply.",
-            "properties": {
-                "finished": count,
-                "processing": count,
-                "restarted": count,
-                "waiting": count,
-                "done": {"type": "boolean"},
-                "faulted": {"type": "boolean"},
-                "queue_position": count,
-                "wait_time": count,
-                "kudos": number,
-                "is_possible": {"type": "boolean"},
-                "generations": {"type": "array", "items": _GENERATION},
-            },
-            "required": ["finished", "processing", "waiting", "done", "faulted", "generations"],
-            "additionalProperties": True,
-        },
-        "ModelList": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "name": _TEXT,
-                    "count": count,
-                    "performance": number,
-                    "queued": count,
-                    "jobs": count,
-                    "eta": count,
-                    "type": _TEXT,
-                    "chat": {"type": "object"},
-                },
-                "required": ["name", "count", "type"],
-                "additionalProperties": True,
-            },
-        },
+        "ChatDryRun": chat_dry_run,
+        "TextDryRun": json_object({"kudos": number}, ["kudos"]),
+        "RequestStatus": status,
+        "ModelList": {"type": "array", "items": model},
     }
 
 
@@ -480,38 +399,44 @@ MODELS_ERRORS = {
 }
 
 
+def _generate(
+    family: str, summary: str, description: str, *, body: str, ok: Answer, errors: dict[str, str]
+) -> NativeOperation:
+    """``POST /api/v2/generate/{family}/async``: 202 with the queued request, 200 ``ok``."""
+    return NativeOperation(
+        method="post",
+        path=f"/api/v2/generate/{family}/async",
+        summary=summary,
+        description=description,
+        body=body,
+        headers=GENERATE_HEADERS,
+        answers={"202": Answer("The request is queued.", "RequestAccepted"), "200": ok},
+        errors=errors,
+    )
+
+
 def operations() -> list[NativeOperation]:
     """Admission's routes, as served under ``/api``."""
     status_ok = {"200": Answer("The request's status.", "RequestStatus")}
     ops = [
-        NativeOperation(
-            method="post",
-            path="/api/v2/generate/chat/async",
-            summary="Queue a chat request",
-            description=(
+        _generate(
+            "chat",
+            "Queue a chat request",
+            (
                 "Validate the body, authenticate, check the model is known and served, size the context, quote "
                 "and hold kudos, and queue the request. 202 with its id; 200 with the first request's id for a "
                 "repeated horde.operation_key, or the quote of a dry run."
             ),
             body="ChatAsyncRequest",
-            headers=GENERATE_HEADERS,
-            answers={
-                "202": Answer("The request is queued.", "RequestAccepted"),
-                "200": Answer("A repeated operation key's request, or a dry run's quote.", "ChatAsyncOk"),
-            },
+            ok=Answer("A repeated operation key's request, or a dry run's quote.", "ChatAsyncOk"),
             errors=CHAT_ASYNC_ERRORS,
         ),
-        NativeOperation(
-            method="post",
-            path="/api/v2/generate/text/async",
-            summary="Queue a legacy text request",
-            description="Queue a prompt for text workers. 202 with its id; 200 with the quote of a dry run.",
+        _generate(
+            "text",
+            "Queue a legacy text request",
+            "Queue a prompt for text workers. 202 with its id; 200 with the quote of a dry run.",
             body="TextAsyncRequest",
-            headers=GENERATE_HEADERS,
-            answers={
-                "202": Answer("The request is queued.", "RequestAccepted"),
-                "200": Answer("A dry run's quote.", "TextDryRun"),
-            },
+            ok=Answer("A dry run's quote.", "TextDryRun"),
             errors=TEXT_ASYNC_ERRORS,
         ),
         NativeOperation(

@@ -1,4 +1,4 @@
-"""Per-address and per-key rate limits of the generate routes (spec: Rate limits; text path §9).
+"""Per-address and per-key rate limits of the generate routes (docs/native-api.md#rate-limits).
 
 Fixed windows in Redis through horde_core's :class:`~horde_core.ratelimit.Limiter` (the ``limits`` library),
 so every admission replica shares one budget, and a store that errs or hangs lets the request through within

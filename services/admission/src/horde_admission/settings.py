@@ -1,7 +1,7 @@
 """Admission settings: the shared ``HORDE_*`` settings plus the admission stage's own knobs.
 
 Each field reads ``HORDE_<FIELD NAME IN CAPITALS>`` (e.g. ``HORDE_CHAT_REQUEST_2SEC_LIMIT_PER_IP``), the names
-the spec gives (chat-requests.md **Rate limits**, **Free output allowance**).
+the spec gives (docs/native-api.md#rate-limits, #free-output-allowance).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from horde_core.settings import HordeSettings
 from pydantic import Field
 
-#: The text submit route's per-address limits, which the chat limits follow when unset (text path §9).
+#: The text submit route's per-address limits, which the chat limits follow when unset (docs/native-api.md#rate-limits).
 TEXT_REQUEST_2SEC_LIMIT = "2/second"
 TEXT_REQUEST_90MIN_LIMIT = "90/minute"
 
@@ -17,22 +17,22 @@ TEXT_REQUEST_90MIN_LIMIT = "90/minute"
 class AdmissionSettings(HordeSettings):
     """Settings of the admission process."""
 
-    # Rate limits (spec: Rate limits), in flask-limiter notation such as "5/second;300/minute".
+    # Rate limits (docs/native-api.md#rate-limits), in flask-limiter notation such as "5/second;300/minute".
     rate_limits_enabled: bool = True
     chat_request_2sec_limit_per_ip: str | None = None
     chat_request_90min_limit_per_ip: str | None = None
     text_request_2sec_limit_per_ip: str = TEXT_REQUEST_2SEC_LIMIT
     text_request_90min_limit_per_ip: str = TEXT_REQUEST_90MIN_LIMIT
-    #: Whitelisted service addresses get these instead (text path §9).
+    #: Whitelisted service addresses get these instead (docs/native-api.md#rate-limits).
     whitelisted_request_limits: str = "10/second;300/minute"
-    #: Per API key (text path §9); the anonymous key and whitelisted addresses get the second.
+    #: Per API key (docs/native-api.md#rate-limits); the anonymous key and whitelisted addresses get the second.
     apikey_request_limit: str = "2/second"
     apikey_whitelisted_request_limit: str = "60/second"
     whitelisted_service_ips: list[str] = Field(default_factory=list)
     #: Proxy passkeys: a request carrying one in Proxy-Authorization is counted by its Proxied-For address.
     proxy_passkeys: list[str] = Field(default_factory=list)
 
-    # Free output allowance (spec: Free output allowance).
+    # Free output allowance (docs/native-api.md#free-output-allowance).
     text_free_output_ceiling: int = 4096
     text_free_output_floor: int = 512
     text_free_output_wait_full_seconds: float = 60.0
@@ -42,9 +42,9 @@ class AdmissionSettings(HordeSettings):
     # Availability from dispatch's WorkerPool.
     availability_timeout_seconds: float = 5.0
     #: How long a request's availability (is_possible, eligible threads, impossible_reason) is cached for its
-    #: status (spec: Impossible reason, 60 seconds). 0 disables the cache.
+    #: status (docs/native-api.md#impossible-reason, 60 seconds). 0 disables the cache.
     availability_cache_seconds: float = 60.0
-    #: How long the legacy text route reuses an availability answer for the same needs (issue 10: it only
+    #: How long the legacy text route reuses an availability answer for the same needs (it only
     #: picks the "no available workers" warning and the free allowance's wait). 0 asks dispatch every time.
     text_availability_memo_seconds: float = 1.0
     #: How long a status read reuses a request's queue position and the work ahead of it (an estimate that
@@ -53,7 +53,7 @@ class AdmissionSettings(HordeSettings):
     #: Timeout of a SettlementService call made by the cancel route.
     settlement_timeout_seconds: float = 5.0
 
-    # Images: fetch private addresses too (local development and tests only; spec: Images).
+    # Images: fetch private addresses too (local development and tests only; docs/native-api.md#images).
     image_fetch_allow_private: bool = False
 
     # Requests.

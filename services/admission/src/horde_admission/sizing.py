@@ -1,6 +1,6 @@
 """Context adjustments: max_length lowering to the workers' limit, then context sizing (context_fit).
 
-Spec: chat-requests.md **Context adjustments**. Token counts are the character-based estimate of the
+See docs/native-api.md#context-adjustments. Token counts are the character-based estimate of the
 flattened messages (``estimate_chat_prompt_tokens``), which includes CHAT_IMAGE_PROMPT_TOKENS per image.
 A request fits when its prompt estimate plus its max_length is at most its max_context_length.
 """
@@ -10,9 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from horde_core.metrics import counter
-
-from horde_admission import contract
+import horde_contract as contract
+from horde_core.metrics import counter, size_bucket
 
 MAX_LENGTH_LOWERED = counter(
     "horde.chat.max_length_lowered",
@@ -24,19 +23,6 @@ CONTEXT_FIT = counter(
     "Requests whose messages were trimmed to fit the context",
     ["horde.outcome", "horde.mode"],
 )
-
-
-def size_bucket(tokens: int) -> str:
-    """The TEXT_LENGTH_BUCKETS label of a length (spec: Job lease, horde.size_bucket)."""
-    if tokens <= 512:
-        return "<=512"
-    if tokens <= 1024:
-        return "513-1024"
-    if tokens <= 2048:
-        return "1025-2048"
-    if tokens <= 4096:
-        return "2049-4096"
-    return ">4096"
 
 
 @dataclass
@@ -51,7 +37,7 @@ class Sized:
 
 
 def lower_max_length(requested: int, declared_max: int, dry_run: bool) -> tuple[int, dict[str, Any] | None]:
-    """Lower ``requested`` to the largest declared chat max_length when above it (spec: Context adjustments).
+    """Lower ``requested`` to the largest declared chat max_length when above it (docs/native-api.md#context-adjustments).
 
     Returns ``(max_length, adjustment or None)``; ``declared_max`` 0 means no declaration to lower to.
     """

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fastapi import Request
 
 if TYPE_CHECKING:
     import asyncpg
     import grpc
+    from horde.dispatch.v1.worker_pool_pb2_grpc import WorkerPoolServiceAsyncStub
+    from horde.submit.v1.settlement_pb2_grpc import SettlementServiceAsyncStub
     from horde_contract import TextModelReference
     from redis.asyncio import Redis
 
@@ -29,9 +31,9 @@ class AdmissionState:
     redis: Redis
     signals: Redis
     dispatch_channel: grpc.aio.Channel
-    worker_pool: Any  # horde.dispatch.v1.worker_pool_pb2_grpc.WorkerPoolServiceStub
+    worker_pool: WorkerPoolServiceAsyncStub
     submit_channel: grpc.aio.Channel
-    settlement: Any  # horde.submit.v1.settlement_pb2_grpc.SettlementServiceStub
+    settlement: SettlementServiceAsyncStub
     limiter: RateLimiter
     fetcher: ImageFetcher
     images: ImageStore

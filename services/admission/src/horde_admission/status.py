@@ -1,4 +1,4 @@
-"""The status body of a chat or text request (text path §2; spec: Structured submit's done rule, Pricing,
+"""The status body of a chat or text request (docs/native-api.md#status-and-cancel; docs/native-api.md#submit's done rule, #pricing,
 Impossible reason, Context adjustments, Refusal record)."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def counts(head: asyncpg.Record) -> dict[str, Any]:
 
 
 def chat_generation(row: asyncpg.Record) -> dict[str, Any]:
-    """One finished chat generation with its structured reply (spec: Pricing, last paragraph)."""
+    """One finished chat generation with its structured reply (docs/native-api.md#pricing, last paragraph)."""
     wait = row["queue_wait_seconds"]
     return {
         "id": _uuid(row["id"]),
@@ -61,7 +61,7 @@ def chat_generation(row: asyncpg.Record) -> dict[str, Any]:
 
 
 def text_generation(row: asyncpg.Record) -> dict[str, Any]:
-    """One finished text generation (text path §2: text, seed, worker, model, state, gen_metadata)."""
+    """One finished text generation (docs/native-api.md#status-and-cancel: text, seed, worker, model, state, gen_metadata)."""
     return {
         "text": row["generation"],
         "seed": row["seed"] or 0,
@@ -77,7 +77,7 @@ class QueueAheadMemo:
     """Each request's queue position and the work ahead of it (:func:`store.queue_ahead`), kept for
     ``memo_seconds`` (HORDE_STATUS_QUEUE_MEMO_SECONDS, 1 s).
 
-    Issue 10: that statement counts every queued request ahead, so a status read at the back of a long queue
+    that statement counts every queued request ahead, so a status read at the back of a long queue
     cost PostgreSQL about a millisecond, and clients poll a request's status many times a second between
     them. The position and wait are estimates; the rest of the status (done, counts, generations) is read
     fresh every time. async-lru's TTL cache: concurrent reads of one request share one statement, at most

@@ -1,7 +1,7 @@
 """Admission's SQL: the request rows it creates, and the status and cancel reads (asyncpg, few round trips).
 
-Spec: chat-requests.md **Routes**, **Operation key**, **Structured submit** (the done rule), **Free output
-allowance**; text path §2 (status fields), §5 (concurrency, holds, priority, tax). Every read filters on
+See docs/native-api.md#routes, #operation-key, #submit (the done rule),
+#free-output-allowance; docs/native-api.md#status-and-cancel (status fields), #kudos (concurrency, holds, priority, tax). Every read filters on
 ``is_chat`` so the chat and text route families never see each other's rows.
 """
 
@@ -13,10 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
-from asyncpg.pool import PoolConnectionProxy
-
-#: A connection or a pool's proxy of one (what ``pool.acquire()`` yields).
-Conn = asyncpg.Connection | PoolConnectionProxy
+from horde_store.db import Conn
 
 
 class OperationKeyRace(Exception):
@@ -132,7 +129,7 @@ async def competing_queue(conn: Conn, models: list[str]) -> tuple[int, int]:
 async def queue_ahead(conn: Conn, request_id: uuid.UUID, models: list[str]) -> tuple[int, int, int]:
     """``(queue_position, tokens, jobs)`` of the queued requests sharing a model, up to and including this one.
 
-    Queue order is ``extra_priority DESC, created ASC`` (text path §3); the position counts from 1.
+    Queue order is ``extra_priority DESC, created ASC`` (docs/native-api.md#pop); the position counts from 1.
     """
     row = await conn.fetchrow(
         """
@@ -162,7 +159,7 @@ async def available_balance(conn: Conn, user_id: int) -> float:
     The row lock is taken by its own statement, and the balance read by the next one: under READ COMMITTED a
     statement's snapshot is taken when it starts, so a sum in the locking statement itself would miss the holds
     that requests committed while it waited for the lock, and parallel requests would each see room for their
-    own hold (issue 9 item 7). The second statement's snapshot sees every hold committed before the lock was
+    own hold. The second statement's snapshot sees every hold committed before the lock was
     granted, and no other hold of this user can be placed until this transaction ends."""
     await lock_user(conn, user_id)
     value = await conn.fetchval(
@@ -202,7 +199,7 @@ def _reserves(req: NewRequest, hold: float) -> bool:
 
 async def reserve(conn: Conn, req: NewRequest, hold: float) -> None:
     """Check that the requester, and the shared key the request is sent with, cover the request, inside the
-    creating transaction and before the row, its hold and its tax are written (text path §5).
+    creating transaction and before the row, its hold and its tax are written (docs/native-api.md#kudos).
 
     Lock, then check: the user row first (the order settlement locks in too), then the shared key's row, so
     parallel requests of one user or one key, on either route and in any process, are checked one after the

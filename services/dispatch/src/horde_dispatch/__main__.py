@@ -1,12 +1,12 @@
-"""``python -m horde_dispatch`` / ``horde-dispatch``: serve dispatch on ``HORDE_DISPATCH_HTTP_PORT`` (HTTP)
-and ``HORDE_DISPATCH_GRPC_PORT`` (gRPC WorkerPool)."""
+"""Run the dispatch process: ``python -m horde_dispatch`` / ``horde-dispatch`` (HTTP on HORDE_DISPATCH_HTTP_PORT,
+7102; gRPC WorkerPool on HORDE_DISPATCH_GRPC_PORT, 7202)."""
 
 from __future__ import annotations
 
 from horde_core.runner import serve
 
-from .app import SERVICE, create_app
-from .settings import DispatchSettings
+from horde_dispatch.app import SERVICE, create_app
+from horde_dispatch.settings import DispatchSettings
 
 
 def main() -> None:

@@ -1,20 +1,13 @@
-"""The worker owner's API key on pop (ai-horde-text-path.md §3: apikey header; anonymous, flagged and
+"""The worker owner's API key on pop (docs/native-api.md#pop: apikey header; anonymous, flagged and
 deleted users do not run workers)."""
 
 from __future__ import annotations
 
 from horde_contract import RC
-from horde_core.errors import HordeError
+from horde_contract.errors import HordeError
+from horde_contract.refusals import deleted_user_error, invalid_api_key_error
 from horde_store import users
-
-from .sql import Conn
-
-
-def invalid_api_key() -> HordeError:
-    """401 InvalidAPIKey for a missing or unknown key."""
-    return HordeError(
-        401, RC.InvalidAPIKey, "No user matching sent API Key. Have you remembered to register?"
-    )
+from horde_store.db import Conn
 
 
 def owner_refusal(anonymous: bool, deleted: bool, flagged: bool) -> HordeError | None:
@@ -23,7 +16,7 @@ def owner_refusal(anonymous: bool, deleted: bool, flagged: bool) -> HordeError |
     if anonymous:
         return HordeError(403, RC.AnonForbiddenWorker, "Anonymous user is forbidden from running a worker.")
     if deleted:
-        return HordeError(403, RC.DeletedUser, "This user has been deleted.")
+        return deleted_user_error()
     if flagged:
         return HordeError(
             403,
@@ -41,10 +34,10 @@ async def authenticate_worker_owner(conn: Conn, apikey: str | None, salt: str) -
     403 DeletedUser; 403 WorkerFlaggedMaintenance (a flagged owner). One query.
     """
     if not apikey:
-        raise invalid_api_key()
+        raise invalid_api_key_error()
     user = await users.authenticate(conn, apikey, salt, shared_keys=False)
     if user is None:
-        raise invalid_api_key()
+        raise invalid_api_key_error()
     refusal = owner_refusal(user.is_anonymous, user.deleted, user.flagged)
     if refusal is not None:
         raise refusal

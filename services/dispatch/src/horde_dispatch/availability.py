@@ -1,10 +1,10 @@
 """Worker availability for a request: what ``WorkerPoolService.GetAvailability`` answers.
 
-Spec: chat-requests.md *Known models* (online = checked in within 300 s; a model is known while such a
+See docs/native-api.md#known-models (online = checked in within 300 s; a model is known while such a
 chat worker serves it, paused or in maintenance included; count and largest chat limits of the chat workers
-serving the models), *Eligibility* (rules 1–4), *Job lease* (the speed gate, 10 tok/s for an unmeasured
-worker), *Impossible reason* (the declaration gap, naming ``image_transports`` only for a worker that declares
-vision), *Free output allowance* (eligible threads and tokens per second, each worker counted once per
+serving the models), docs/native-api.md#eligibility (rules 1–4), docs/native-api.md#job-lease (the speed gate, 10 tok/s for an unmeasured
+worker), docs/native-api.md#impossible-reason (the declaration gap, naming ``image_transports`` only for a worker that declares
+vision), docs/native-api.md#free-output-allowance (eligible threads and tokens per second, each worker counted once per
 thread).
 
 One statement reads the online chat workers serving any requested model (``ix_workers_chat_model_id``),
@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
 import asyncpg
 from horde_contract import (
@@ -29,52 +27,15 @@ from horde_contract import (
     declaration_gap,
 )
 from horde_contract.requirements import IMAGE_TRANSPORTS_REASON
+from horde_core.worker_pool import Availability, RequestNeeds
+from horde_store.db import ConnOrPool
 
 from .lease import effective_speed, lease_capacity
 from .queue import SLOW_WORKER_SPEED
-from .sql import Conn
 from .workers import is_validated_bridge
 
 #: The refusal reason of the speed gate (TextWorker.can_generate_with_eligibility_inputs).
 LEASE_SPEED_REASON = "lease_speed"
-
-
-@dataclass(frozen=True, slots=True)
-class AvailabilityQuery:
-    """A request's needs. ``max_length``/``max_context_length`` 0 skip their check (tokens)."""
-
-    models: Sequence[str]
-    required_features: Sequence[str] = ()
-    max_length: int = 0
-    max_context_length: int = 0
-    tools_temperature: float | None = None
-    has_images: bool = False
-    only_worker_ids: Sequence[str] = ()
-    ignore_worker_ids: Sequence[str] = ()
-    trusted_workers: bool = False
-    validated_backends: bool = False
-    slow_workers: bool = True
-    requester_user_id: int = -1
-
-
-@dataclass(slots=True)
-class Availability:
-    """The answer: counts, largest chat limits (tokens), eligible workers/threads, tokens/s and the gap
-    (``{"kind": "declaration_gap", "missing_declarations", "exceeded_limits"}`` or None).
-
-    ``known_workers`` counts every online chat worker serving a requested model, paused or in maintenance
-    included (whether the model is known); ``serving_workers`` and everything else count only the workers
-    that serve this requester (not paused or in maintenance, unless the requester owns them)."""
-
-    known_workers: int = 0
-    serving_workers: int = 0
-    max_chat_context_length: int = 0
-    max_chat_length: int = 0
-    eligible_workers: int = 0
-    eligible_threads: int = 0
-    tokens_per_second: float = 0.0
-    declaration_gap: dict[str, Any] | None = None
-    eligible_worker_ids: list[str] = field(default_factory=list)
 
 
 # Online chat workers serving any of the models, paused and in maintenance included (they keep the model
@@ -105,7 +66,7 @@ def _declaration(row: asyncpg.Record) -> ChatDeclaration:
     )
 
 
-def _passes_rule_4(row: asyncpg.Record, q: AvailabilityQuery) -> bool:
+def _passes_rule_4(row: asyncpg.Record, q: RequestNeeds) -> bool:
     """only/ignore, trusted, validated backends, slow workers (the queue query's rule 4)."""
     worker_id = str(row["id"])
     if q.only_worker_ids and worker_id not in q.only_worker_ids:
@@ -120,7 +81,7 @@ def _passes_rule_4(row: asyncpg.Record, q: AvailabilityQuery) -> bool:
 
 
 def gap_reasons(reasons: Sequence[str], declaration: ChatDeclaration) -> list[str]:
-    """A refused worker's reasons as the declaration gap counts them (spec: *Impossible reason*).
+    """A refused worker's reasons as the declaration gap counts them (docs/native-api.md#impossible-reason).
 
     ``image_transports`` is named only for a worker that declares vision: a worker without vision lacks
     ``vision`` (the feature a request with images needs), not a transport, so its ``image_transports``
@@ -137,7 +98,7 @@ def gap_reasons(reasons: Sequence[str], declaration: ChatDeclaration) -> list[st
     return out
 
 
-def evaluate(rows: Sequence[asyncpg.Record], q: AvailabilityQuery) -> Availability:
+def evaluate(rows: Sequence[asyncpg.Record], q: RequestNeeds) -> Availability:
     """Apply rules 1–4 and the speed gate to the online chat workers' rows (pure; see the module
     docstring). Every row counts toward ``known_workers``; only rows whose ``serves`` is true count as
     serving, give the largest chat limits and may be eligible."""
@@ -171,13 +132,14 @@ def evaluate(rows: Sequence[asyncpg.Record], q: AvailabilityQuery) -> Availabili
         result.eligible_workers += 1
         result.eligible_threads += threads
         result.tokens_per_second += effective_speed(row["speed"]) * threads
-        result.eligible_worker_ids.append(str(row["id"]))
-    if result.eligible_workers == 0 and refusals:
-        result.declaration_gap = declaration_gap(refusals)
+    gap = declaration_gap(refusals) if result.eligible_workers == 0 and refusals else None
+    if gap is not None:
+        result.missing_declarations = gap["missing_declarations"]
+        result.exceeded_limits = gap["exceeded_limits"]
     return result
 
 
-async def get_availability(conn: Conn, q: AvailabilityQuery) -> Availability:
+async def get_availability(conn: ConnOrPool, q: RequestNeeds) -> Availability:
     """The availability of ``q``'s models for its needs; one statement."""
     models = list(dict.fromkeys(q.models))
     if not models:

@@ -1,9 +1,9 @@
-"""Job lease and speed gate at pop (spec: chat-requests.md *Job lease*).
+"""Job lease and speed gate at pop (docs/native-api.md#job-lease).
 
 A chat job is offered only to a worker whose speed finishes its max_length inside the base lease after the
 preparation allowance: ``speed * (TEXT_JOB_LEASE_SECONDS - TEXT_JOB_PREPARATION_SECONDS) >= max_length``.
 A worker without a measured speed counts as UNMEASURED_TEXT_WORKER_TOKENS_PER_SECOND (10 tok/s, 1200 tokens).
-Legacy text jobs are never gated (ADR 0041).
+Legacy text jobs are never gated (docs/native-api.md#eligibility).
 """
 
 from __future__ import annotations

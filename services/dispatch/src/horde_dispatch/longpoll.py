@@ -1,5 +1,5 @@
 """Long-poll pop: the waiting pops of one dispatch process, the announcements that wake them, and the
-subscriber that receives those (README: Long-poll pop).
+subscriber that receives those (docs/worker-guide.md#long-poll).
 
 A pop with ``wait_seconds`` whose first attempt finds no job gives its pool connection back and waits here as
 a :class:`Waiter`, in FIFO order, until one of:

@@ -1,9 +1,9 @@
 """The pop response's ``payload``: a chat job's messages and sampling fields, or a text job's prompt and
 params; image references and offloaded messages resolved to what the worker declared.
 
-Spec: chat-requests.md *Chat job pop response*, *Images* (url → presigned URL valid for the job's TTL and
-at least 600 s; base64 alone → a data URL of the stored JPEG), *Messages offload* (messages_url → a
-presigned URL valid 120 s); ai-horde-text-path.md §3 (text payload: params minus n, plus prompt and n: 1).
+See docs/native-api.md#chat-job-payload, #images (url → presigned URL valid for the job's TTL and
+at least 600 s; base64 alone → a data URL of the stored JPEG), #messages-offload (messages_url → a
+presigned URL valid 120 s); docs/native-api.md#pop (text payload: params minus n, plus prompt and n: 1).
 
 Everything here runs after the pop statement committed, so the store is never read under the queue lock.
 """

@@ -1,13 +1,13 @@
 """``POST /v2/generate/text/pop``: check the worker in with its chat declaration and hand it a job.
 
-Spec: chat-requests.md *Chat declaration on pop*, *Eligibility*, *Chat job pop response*, *Job lease*,
-*Streaming progress* (the lease written at pop); ai-horde-text-path.md §3 (fields, refusals, queue order,
+See docs/native-api.md#chat-declaration, #eligibility, #chat-job-payload, #job-lease,
+#progress (the lease written at pop); docs/native-api.md#pop (fields, refusals, queue order,
 ``skipped``, ttl, payload) and §6 (creation, check-in).
 
 Round trips: authentication, the check-in upsert, the pop statement; an empty pop adds the ``skipped``
 count. Nothing reads the object store or Redis before the pop statement has committed.
 
-Long-poll (``wait_seconds`` > 0, README: Long-poll pop): when the first pop statement finds nothing, the
+Long-poll (``wait_seconds`` > 0, docs/worker-guide.md#long-poll): when the first pop statement finds nothing, the
 route gives its connection back and waits in :mod:`horde_dispatch.longpoll`; each retry runs the pop
 statement alone, on a freshly acquired connection, with the owner, worker row and :class:`PopWorker` of the
 first attempt (the check-in is not repeated). ``skipped`` is counted once, when the time is up.
@@ -26,20 +26,22 @@ from horde_contract import (
     TRUSTED_TEXT_JOB_LEASE_CAP_SECONDS,
     UNTRUSTED_TEXT_JOB_LEASE_CAP_SECONDS,
 )
+from horde_contract.errors import HordeError
+from horde_contract.refusals import wrong_credentials_error
 from horde_core.capacity import leave_in_flight
 from horde_core.chat_stream import StreamLease, write_stream_leases
-from horde_core.errors import HordeError
+from horde_core.metrics import requester_kind, size_bucket
 from horde_store import users
 
 from .auth import authenticate_worker_owner, owner_refusal
 from .lease import effective_speed, lease_capacity, record_capacity_limit
 from .longpoll import WaitOutcome
-from .metrics import GATE_SHADOW_ASSIGNMENTS, QUEUE_WAIT_SECONDS, requester_kind, size_bucket
+from .metrics import GATE_SHADOW_ASSIGNMENTS, QUEUE_WAIT_SECONDS
 from .payload import chat_job_payload, text_job_payload
 from .pop_body import PopBody, parse_pop_body, read_pop_body
 from .queue import SLOW_WORKER_SPEED, PoppedJob, PopWorker, count_skipped, pop_job
 from .state import DispatchState, get_state
-from .workers import WRONG_CREDENTIALS_MESSAGE, WorkerRow, check_in, is_validated_bridge
+from .workers import WorkerRow, check_in, is_validated_bridge
 
 log = logging.getLogger(__name__)
 
@@ -57,12 +59,12 @@ FROM workers w JOIN users u ON u.id = w.user_id WHERE w.id = $1
 def _record_assignment(job: PoppedJob, worker: PopWorker, capacity: int, speed: float) -> None:
     wait = max(0.0, (job.assigned - job.created).total_seconds())
     QUEUE_WAIT_SECONDS.labels(
-        requester=requester_kind(job.requester_id, job.shared_key_id is not None),
+        requester=requester_kind(anonymous=job.requester_id == 0, shared_key=job.shared_key_id is not None),
         chat=str(job.is_chat).lower(),
         requested_bucket=size_bucket(job.max_length),
     ).observe(wait)
     if job.over_capacity:
-        # Legacy text jobs are not gated (ADR 0041); the shadow records how often the gate would have held.
+        # Legacy text jobs are not gated (docs/native-api.md#eligibility); the shadow records how often the gate would have held.
         GATE_SHADOW_ASSIGNMENTS.labels(
             worker_trusted=str(worker.trusted).lower(), size_bucket=size_bucket(job.max_length)
         ).inc()
@@ -128,7 +130,7 @@ async def pop_text_job(
     chat_features, chat_limits, model_id, image_transports). Lengths are tokens.
 
     200 with a job: ``{payload, id, ids, model, ttl, skipped: {}}`` plus ``chat: true`` for a chat job, ``ttl``
-    being the job lease in seconds (HORDE_TEXT_JOB_LEASE_SECONDS, 150 by default; spec: *Job lease*);
+    being the job lease in seconds (HORDE_TEXT_JOB_LEASE_SECONDS, 150 by default; docs/native-api.md#job-lease);
     without one: ``{id: null, ids: [], skipped: {reason: count}}``.
 
     Long-poll (a Horde Chat extension): ``wait_seconds`` (a number, 0 to 20, default 0) holds an empty pop up
@@ -161,7 +163,11 @@ async def pop_text_job(
                     403, RC.WorkerMaintenance, worker.maintenance_msg or DEFAULT_MAINTENANCE_MESSAGE
                 )
             # A worker waits with at most its threads' pops at once: more would only multiply rechecks.
-            if longpoll is None or longpoll.closed or longpoll.waiting_for(worker.id) >= max(1, worker.threads):
+            if (
+                longpoll is None
+                or longpoll.closed
+                or longpoll.waiting_for(worker.id) >= max(1, worker.threads)
+            ):
                 skipped = await count_skipped(conn, pw, settings.pop_skipped_scan_limit)
                 return {"id": None, "ids": [], "skipped": skipped}
     if job is None:
@@ -177,7 +183,7 @@ async def pop_text_job(
             async with state.pool.acquire() as conn:
                 now = await conn.fetchrow(_WAITER_STATE, worker.id)
                 if now is None:
-                    raise HordeError(403, RC.WrongCredentials, WRONG_CREDENTIALS_MESSAGE)
+                    raise wrong_credentials_error()
                 refusal = owner_refusal(False, now["deleted"], now["flagged"])
                 if refusal is not None:
                     raise refusal

@@ -1,5 +1,5 @@
-"""The body of ``POST /v2/generate/text/pop``: the text pop fields (ai-horde-text-path.md §3) and the chat
-declaration (spec: chat-requests.md *Chat declaration on pop*).
+"""The body of ``POST /v2/generate/text/pop``: the text pop fields (docs/native-api.md#pop) and the chat
+declaration (docs/native-api.md#chat-declaration).
 
 The text fields are validated here; the six chat fields are read by ``horde_contract.parse_chat_declaration``
 from the raw body, so the worker, the front and dispatch share one rule. The body is read by horde_core's body
@@ -12,10 +12,9 @@ from typing import Annotated, Any
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
-from horde_contract import RC, ChatContractError, ChatDeclaration, parse_chat_declaration
+from horde_contract import RC, ChatDeclaration, HordeError, parse_chat_declaration
 from horde_contract.limits import MAX_POP_PRIORITY_USERNAMES, MAX_POP_WAIT_SECONDS
 from horde_core import body as body_reader
-from horde_core.errors import HordeError
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -49,7 +48,7 @@ class TextPopBody(BaseModel):
 
     ``nsfw``, ``require_upfront_kudos`` and ``extra_slow_worker`` are accepted and not applied to text.
     ``wait_seconds`` (a Horde Chat extension, 0 to MAX_POP_WAIT_SECONDS = 20, default 0) is how long an empty
-    pop may wait for a job to be queued (README: Long-poll pop).
+    pop may wait for a job to be queued (docs/worker-guide.md#long-poll).
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -137,7 +136,7 @@ async def read_pop_body(request: Request, read_timeout: float) -> Any:
     except body_reader.BodyTooLarge as exc:
         raise HordeError(413, RC.RequestTooLarge, str(exc)) from None
     except body_reader.BodyReadTimeout as exc:
-        raise HordeError(408, "RequestBodyTimeout", str(exc)) from None
+        raise HordeError(408, RC.RequestBodyTimeout, str(exc)) from None
     except body_reader.InvalidContentLength as exc:
         raise HordeError(400, RC.BadRequest, f"Input payload validation failed: {exc}") from None
     except body_reader.JsonStructureError as exc:
@@ -175,7 +174,7 @@ def parse_pop_body(raw: Any) -> PopBody:
     ):
         if value is not None and value > MAX_STORED_LENGTH:
             reason = f"has to be at most {MAX_STORED_LENGTH}."
-            raise ChatContractError(
+            raise HordeError(
                 400, RC.ChatDeclarationInvalid, f"'{param}': {reason}", param, openai_message=reason
             )
     return PopBody(text, declaration, [i for i in priority_ids if i <= MAX_USER_ID])

@@ -1,7 +1,7 @@
 """The queue query: pick the first eligible waiting request for a worker and hand out its job(s).
 
-Spec: chat-requests.md *Eligibility* (rules 1–4 in SQL), *Tool temperature limit*, *Job lease* (speed gate,
-the job_ttl from HORDE_TEXT_JOB_LEASE_SECONDS, lease cap), *Impossible reason* (assignment snapshot); ai-horde-text-path.md §3 (queue order
+See docs/native-api.md#eligibility (rules 1–4 in SQL), #tool-temperature-limit, #job-lease (speed gate,
+the job_ttl from HORDE_TEXT_JOB_LEASE_SECONDS, lease cap), #impossible-reason (assignment snapshot); docs/native-api.md#pop (queue order
 ``extra_priority DESC, created ASC``, the owner's and priority users' requests first, filters, batch
 ``min(amount, n)``, a pop decrements n and refreshes the expiry).
 
@@ -22,14 +22,15 @@ from datetime import datetime
 from typing import Any
 
 from horde_contract import CHAT_REQUEST_EXPIRY_SECONDS, ChatImageTransport
+from horde_store.db import Conn
 
-from .sql import Conn, Params
+from .sql import Params
 
 #: A request whose messages carry an image part (JSONB containment on chat rows; has_images is the
 #: column admission sets, the containment covers a row written without it).
 _IMAGE_PART = """'[{"content": [{"type": "image_url"}]}]'::jsonb"""
 
-#: Slow-worker threshold in tokens/s for a request with slow_workers false (text path §3: 5 for a model
+#: Slow-worker threshold in tokens/s for a request with slow_workers false (docs/native-api.md#pop: 5 for a model
 #: below 13B or not in the reference, which dispatch does not load).
 SLOW_WORKER_SPEED = 5.0
 

@@ -14,7 +14,7 @@ class DispatchSettings(HordeSettings):
     ``pop_skipped_scan_limit`` bounds how many queued requests an empty pop inspects to count ``skipped``.
     ``pop_wait_recheck_seconds`` (HORDE_POP_WAIT_RECHECK_SECONDS, 3 s): a long-polling pop retries the queue
     at least this often (±20 %) even when no announcement woke it, the safety net for announcements lost
-    while Redis was unreachable and for jobs no announcement names (README: Long-poll pop).
+    while Redis was unreachable and for jobs no announcement names (docs/worker-guide.md#long-poll).
     ``pop_wait_max_seconds`` (HORDE_POP_WAIT_MAX_SECONDS, 20 s): the longest this process holds a pop, whatever
     its ``wait_seconds`` asks (0 turns long polls off); lower it below the idle timeout of a proxy in front.
     """

@@ -5,12 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import asyncpg
-from asyncpg.pool import PoolConnectionProxy
-
-#: What a statement runs on: a connection, one acquired from the pool, or the pool itself.
-Conn = asyncpg.Connection | PoolConnectionProxy | asyncpg.Pool
-
 
 class Params:
     """Collects positional parameters; :meth:`add` returns the ``$n::type`` placeholder for a value."""

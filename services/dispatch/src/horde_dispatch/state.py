@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import asyncpg
 from fastapi import Request
+from redis.asyncio import Redis
 
 from .longpoll import AnnouncementSubscriber, LongPoll
 from .payload import ObjectStore
@@ -22,7 +22,7 @@ class DispatchState:
 
     settings: DispatchSettings
     pool: asyncpg.Pool
-    signals: Any | None
+    signals: Redis | None
     objects: ObjectStore | None
     longpoll: LongPoll | None = None
     announcements: AnnouncementSubscriber | None = None

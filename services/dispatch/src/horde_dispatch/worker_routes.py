@@ -1,5 +1,5 @@
 """``GET /v2/workers``, ``/v2/workers/{id}``, ``/v2/workers/name/{name}``: worker details with the chat
-declaration of the last pop (spec: chat-requests.md *Worker details*; details are read fresh, the 30 s
+declaration of the last pop (docs/native-api.md#worker-details; details are read fresh, the 30 s
 cache the spec allows is not used)."""
 
 from __future__ import annotations

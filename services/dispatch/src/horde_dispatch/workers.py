@@ -1,7 +1,7 @@
 """Worker rows: creation and check-in at pop, the stored chat declaration, and the worker details routes.
 
-Spec: chat-requests.md *Chat declaration on pop* (the declaration is stored at every pop, inside the 30 s
-window too), *Worker details*; ai-horde-text-path.md §6 (creation, check-in, online, trusted, validated).
+See docs/native-api.md#chat-declaration (the declaration is stored at every pop, inside the 30 s
+window too), #worker-details; docs/native-api.md#workers (creation, check-in, online, trusted, validated).
 
 Creation limits (upstream ``JobPopTemplate.get_worker`` and ``User.exceeding_ipaddr_restrictions``), checked
 only when a pop names a worker that does not exist yet, in this order, each 403:
@@ -34,10 +34,11 @@ from typing import Any, overload
 
 import asyncpg
 from horde_contract import ONLINE_WORKER_SECONDS, RC, ChatDeclaration
-from horde_core.errors import HordeError
+from horde_contract.errors import HordeError
+from horde_contract.refusals import worker_not_found_error, wrong_credentials_error
+from horde_store.db import Conn, ConnOrPool
 
 from .pop_body import PopBody
-from .sql import Conn
 
 #: Bridge names whose backends are validated (horde/bridge_reference.py), plus this project's reference
 #: worker, whose replies the broker verifies like any other.
@@ -55,9 +56,8 @@ VALIDATED_BRIDGES = frozenset(
 #: the text check-in fields (TextWorker.check_in); the chat declaration is written anyway.
 CHECK_IN_WINDOW_SECONDS = 30
 
-WRONG_CREDENTIALS_MESSAGE = "Wrong credentials to submit as this worker."
 
-#: Worker creation limits (upstream's constants and messages; ai-horde-text-path.md §6).
+#: Worker creation limits (upstream's constants and messages; docs/native-api.md#workers).
 UNTRUSTED_WORKER_LIMIT = 3
 TRUSTED_WORKER_LIMIT = 20
 SAME_IP_WORKER_LIMIT = 3
@@ -147,7 +147,7 @@ RETURNING w.id, w.user_id, w.name, (w.xmax = 0) AS created_now, w.threads, w.max
 
 #: The check-in of a worker whose name exists: the same upsert, inserting nothing for a new name (which goes
 #: through the creation limits instead). No row: a new name, or another owner's (:func:`check_in` tells them
-#: apart). One round trip for the pop of every known worker instead of two (issue 10).
+#: apart). One round trip for the pop of every known worker instead of two.
 _CHECK_IN_KNOWN = _CHECK_IN.replace(
     """VALUES ($1, $2, $3, $4, $5, $6, $7::text[], $8::text[], $9, $10, $11, $12, $13, $14::text[], $15, $16, $17,
         $18::text[], $19, now(), now())""",
@@ -192,12 +192,12 @@ def creation_refusal(trusted: bool, worker_invited: int, workers: int, same_ip: 
     """The 403 a new worker of an owner with ``workers`` workers gets when ``same_ip`` workers are already on
     the pop's address, or None when it may be created (upstream's order and thresholds)."""
     if not trusted and workers > UNTRUSTED_WORKER_LIMIT:
-        return HordeError(403, "TooManyWorkers", TOO_MANY_WORKERS_MESSAGE)
+        return HordeError(403, RC.TooManyWorkers, TOO_MANY_WORKERS_MESSAGE)
     if workers > TRUSTED_WORKER_LIMIT and workers > worker_invited:
-        return HordeError(403, "TooManyWorkersTrusted", TOO_MANY_WORKERS_TRUSTED_MESSAGE)
+        return HordeError(403, RC.TooManyWorkersTrusted, TOO_MANY_WORKERS_TRUSTED_MESSAGE)
     same_ip_limit = SAME_IP_TRUSTED_WORKER_LIMIT if trusted else SAME_IP_WORKER_LIMIT
     if same_ip > same_ip_limit and same_ip > worker_invited:
-        return HordeError(403, "TooManySameIPs", TOO_MANY_SAME_IPS_MESSAGE)
+        return HordeError(403, RC.TooManySameIPs, TOO_MANY_SAME_IPS_MESSAGE)
     return None
 
 
@@ -280,7 +280,7 @@ async def _upsert(
     if row is None:
         if not refuse:
             return None
-        raise HordeError(403, RC.WrongCredentials, WRONG_CREDENTIALS_MESSAGE)
+        raise wrong_credentials_error()
     return WorkerRow(**dict(row))
 
 
@@ -303,7 +303,7 @@ def worker_details(row: asyncpg.Record | dict[str, Any]) -> dict[str, Any]:
     ``accepts_chat_jobs``/``accepts_prompt_jobs`` are the last pop's chat_jobs/prompt_jobs; ``chat`` mirrors
     its chat fields (features and image_transports: recognised names only, sorted) and is absent when the
     worker does not accept chat jobs; ``nonconformant_replies`` counts replies refused as nonconformant.
-    Spec: chat-requests.md *Worker details*, *Refusal record and worker counters*.
+    See docs/native-api.md#worker-details, #refusal-record.
     """
     speed = row["speed"]
     contributions = float(row["contributions"] or 0)
@@ -350,12 +350,7 @@ def worker_details(row: asyncpg.Record | dict[str, Any]) -> dict[str, Any]:
     return details
 
 
-def worker_not_found(label: str) -> HordeError:
-    """404 WorkerNotFound (upstream's message)."""
-    return HordeError(404, RC.WorkerNotFound, f"Worker with ID '{label}' not found.")
-
-
-async def list_workers(conn: Conn, name: str | None = None) -> list[dict[str, Any]]:
+async def list_workers(conn: ConnOrPool, name: str | None = None) -> list[dict[str, Any]]:
     """Details of every online worker (checked in within 300 s), optionally only the one named ``name``."""
     if name is not None and "\x00" in name:
         return []  # PostgreSQL text cannot hold NUL, and no worker name does
@@ -372,27 +367,27 @@ async def list_workers(conn: Conn, name: str | None = None) -> list[dict[str, An
     return [worker_details(r) for r in rows]
 
 
-async def get_worker_by_id(conn: Conn, worker_id: str) -> dict[str, Any]:
+async def get_worker_by_id(conn: ConnOrPool, worker_id: str) -> dict[str, Any]:
     """Details of one worker by id; 404 WorkerNotFound for an unknown or malformed id."""
     try:
         wid = uuid.UUID(worker_id)
     except ValueError:
-        raise worker_not_found(worker_id) from None
+        raise worker_not_found_error(worker_id) from None
     row = await conn.fetchrow(
         f"SELECT {_DETAILS_COLUMNS} FROM workers w JOIN users u ON u.id = w.user_id WHERE w.id = $1", wid
     )
     if row is None:
-        raise worker_not_found(worker_id)
+        raise worker_not_found_error(worker_id)
     return worker_details(row)
 
 
-async def get_worker_by_name(conn: Conn, name: str) -> dict[str, Any]:
+async def get_worker_by_name(conn: ConnOrPool, name: str) -> dict[str, Any]:
     """Details of one worker by name; 404 WorkerNotFound when none has that name."""
     if "\x00" in name:
-        raise worker_not_found(name.replace("\x00", "\ufffd"))
+        raise worker_not_found_error(name.replace("\x00", "\ufffd"))
     row = await conn.fetchrow(
         f"SELECT {_DETAILS_COLUMNS} FROM workers w JOIN users u ON u.id = w.user_id WHERE w.name = $1", name
     )
     if row is None:
-        raise worker_not_found(name)
+        raise worker_not_found_error(name)
     return worker_details(row)

@@ -1,7 +1,7 @@
 """Instruments the janitor records (spec instrument names with ``_`` for ``.``; served on ``/metrics``).
 
 - ``horde.text.stale_aborts`` (labels ``worker_trusted``, ``chat``): text and chat jobs aborted because their
-  lease lapsed (spec: **Job lease**), counted when submit's FaultGeneration actually faulted the generation.
+  lease lapsed (docs/native-api.md#job-lease), counted when submit's FaultGeneration actually faulted the generation.
 - ``horde.janitor.expired_requests`` (label ``chat``): requests deleted past their expiry.
 - ``horde.janitor.passes`` (label ``outcome``: ok, error): janitor passes.
 """
@@ -23,8 +23,3 @@ EXPIRED_REQUESTS = counter(
 )
 
 PASSES = counter("horde.janitor.passes", "Janitor passes by outcome", ["horde.outcome"])
-
-
-def flag(value: bool) -> str:
-    """A boolean label value: ``true`` or ``false``."""
-    return "true" if value else "false"

@@ -1,5 +1,5 @@
 """Object clean-up: the images and offloaded messages of expired chat requests, and the delete retry set
-(spec: **Images**, **Messages offload**).
+(docs/native-api.md#images, #messages-offload).
 
 Keys ending in ``_chat_messages.json`` live in the messages bucket, every other key in the image bucket. A key
 the store does not delete goes to the Redis set ``horde:chat:image_delete_retry`` (bounded at 100,000 keys;

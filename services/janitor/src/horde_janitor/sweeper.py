@@ -1,5 +1,5 @@
-"""The janitor's pass: request expiry and lapsed job leases (spec: **Completion signal**, **Job lease**;
-text path §7).
+"""The janitor's pass: request expiry and lapsed job leases (docs/native-api.md#completion-signal, #job-lease;
+docs/native-api.md#expiry).
 
 Each pass, every ``janitor_interval_seconds``:
 
@@ -9,8 +9,8 @@ Each pass, every ``janitor_interval_seconds``:
    signal carrying its stored fault reason and rc, so a client woken by it finds the settled state (404), and
    each generation of a deleted streamed request that was still in flight has its progress ended (its ended
    entry on the request's stream, none for a fake one, and its stream lease deleted; best effort), so the
-   worker's next progress post finds no lease and no generation and is answered 404 ChatJobAborted (spec:
-   **Streaming progress**).
+   worker's next progress post finds no lease and no generation and is answered 404 ChatJobAborted (see
+   docs/native-api.md#progress).
 2. **Lapsed leases and cancels to settle.** Pending generations older than their ``job_ttl`` are faulted through
    submit's ``SettlementService.FaultGeneration`` (faults are settlement's rules: restart, worker counters, the
    request fault past FAULTED_GENERATIONS_LIMIT and its signal). The RPC is a compare-and-set, so two replicas
@@ -18,7 +18,7 @@ Each pass, every ``janitor_interval_seconds``:
    A pending, real generation of a cancelled streamed request, lapsed or not, is instead settled through
    ``SettleCancelledGeneration``: the cancel settles those itself, so one still pending means the cancel's call
    to submit failed, and its worker, told to stop, must be paid for what it posted and not counted as having
-   dropped the job (spec: **Pricing**, **Structured submit**). That call is idempotent too.
+   dropped the job (docs/native-api.md#pricing, #submit). That call is idempotent too.
 3. **Objects.** The images (``horde-r2://`` references in the deleted rows' messages) and offloaded messages of
    the expired chat requests are deleted after the commit; a key that does not delete is queued in
    ``horde:chat:image_delete_retry``, and each pass retries up to 1000 queued keys.
@@ -30,19 +30,23 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 import grpc
 import redis.asyncio as redis
-from horde.submit.v1 import settlement_pb2, settlement_pb2_grpc
+from horde.submit.v1 import settlement_pb2
 from horde_contract.limits import CHAT_IMAGE_REFERENCE_SCHEME
 from horde_core.chat_stream import delete_lease, end_stream
-from horde_core.redis_keys import publish_chat_event
+from horde_core.metrics import flag
+from horde_core.signals import publish_chat_event
 from horde_store.objects import chat_messages_key
 
-from horde_janitor.metrics import EXPIRED_REQUESTS, PASSES, STALE_ABORTS, flag
+from horde_janitor.metrics import EXPIRED_REQUESTS, PASSES, STALE_ABORTS
 from horde_janitor.objects import ObjectCleaner
+
+if TYPE_CHECKING:  # the aio stub type exists only in the generated type stubs
+    from horde.submit.v1.settlement_pb2_grpc import SettlementServiceAsyncStub
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +94,7 @@ SELECT gone.id, gone.is_chat, gone.chat_fault_reason, gone.chat_fault_rc, gone.c
             LEFT JOIN live ON live.wp_id = gone.id
 """
 
-# Speed samples: model_performances are kept one hour (text path §4); worker_performances a day (workers.speed
+# Speed samples: model_performances are kept one hour (docs/native-api.md#submit); worker_performances a day (workers.speed
 # keeps the mean of the newest 20 samples, written at each submit).
 _PRUNE_SQL = """
 WITH models AS (
@@ -142,7 +146,7 @@ class Janitor:
         self,
         pool: asyncpg.Pool,
         signal: redis.Redis | None,
-        settlement: settlement_pb2_grpc.SettlementServiceStub,
+        settlement: SettlementServiceAsyncStub,
         *,
         expiry_batch: int = 1000,
         stale_batch: int = 1000,

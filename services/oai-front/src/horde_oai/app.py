@@ -1,5 +1,5 @@
 """The front's FastAPI factory: routes, OpenAI error envelope, CORS, docs, and the lifespan that opens the
-native HTTP client, the signal hub and the cancel retry loop (ARCHITECTURE.md; spec: chat-front.md)."""
+native HTTP client, the signal hub and the cancel retry loop (README.md#architecture; see docs/openai-front.md)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import RedirectResponse
+from horde_core.app import add_store_readiness
 from horde_core.app import create_app as create_base_app
 from horde_core.redis_keys import redis_client
+from horde_core.signals import SignalHub
 
 from horde_oai import completions, models
 from horde_oai.cancels import CancelManager
@@ -25,13 +27,16 @@ from horde_oai.openapi import install_openapi
 from horde_oai.operations import OperationRecords
 from horde_oai.server_errors import UnhandledErrorMiddleware
 from horde_oai.settings import OaiSettings
-from horde_oai.signals import SignalHub
+from horde_oai.state import FrontState
 
+SERVICE = "horde-oai"
 CHAT_ENTRIES_CACHE_SECONDS = 5.0
 
 
 def create_app(settings: OaiSettings | None = None) -> FastAPI:
-    """Build the front. The lifespan opens the native client, Redis signals and the cancel retries."""
+    """Build the front (``settings`` None: read from the environment). The lifespan opens the native client,
+    the signal hub, the progress stream reader and the cancel retries and puts the :class:`FrontState` on
+    ``app.state.front``."""
     settings = settings or OaiSettings()
 
     @asynccontextmanager
@@ -47,9 +52,6 @@ def create_app(settings: OaiSettings | None = None) -> FastAPI:
         # Progress streams: one client on the stream database, shared by the reader and the resume records.
         streams = redis_client(redis_url, db=settings.oai_stream_redis_db) if redis_url else None
         deltas = DeltaStreamReader(streams)
-        app.state.horde, app.state.signals, app.state.cancels = horde, signals, cancels
-        app.state.deltas, app.state.relay_records = deltas, RelayRecords(streams)
-        app.state.operations = OperationRecords(streams)
         cache: dict[str, Any] = {"at": 0.0, "entries": {}}
 
         async def chat_entries() -> Mapping[str, Mapping[str, Any]]:
@@ -61,9 +63,18 @@ def create_app(settings: OaiSettings | None = None) -> FastAPI:
             entries: Mapping[str, Mapping[str, Any]] = cache["entries"]
             return entries
 
-        app.state.chat_entries = chat_entries
+        app.state.front = FrontState(
+            settings=settings,
+            horde=horde,
+            signals=signals,
+            cancels=cancels,
+            deltas=deltas,
+            relay_records=RelayRecords(streams),
+            operations=OperationRecords(streams),
+            chat_entries=chat_entries,
+        )
         if signals.enabled:
-            app.state.readiness_checks["redis"] = signals.ping
+            add_store_readiness(app, redis_ping=signals.ping)
         await signals.start()
         await deltas.start()
         await cancels.start()
@@ -78,15 +89,15 @@ def create_app(settings: OaiSettings | None = None) -> FastAPI:
             await horde.aclose()
 
     app = create_base_app(
-        "horde-oai",
+        SERVICE,
         title="AI Horde OpenAI-compatible chat API",
         lifespan=lifespan,
         horde_errors=False,
+        settings=settings,
         docs_url="/docs",
         redoc_url="/redoc",
         openapi_url="/openapi.json",
     )
-    app.state.settings = settings
     install_openai_error_handlers(app)
     # Added first, so it sits inside CORS: a capacity refusal still carries the CORS headers.
     app.add_middleware(

@@ -1,4 +1,4 @@
-"""Cancelling native requests, with retries (spec: chat-front.md *Cancel outcomes*).
+"""Cancelling native requests, with retries (docs/openai-front.md#metrics-and-logs).
 
 A cancel whose attempt ends failed or timed_out is retried every ``HORDE_OAI_CANCEL_RETRY_SECONDS`` until
 20 minutes after the request's submission (its native expiry), and once more during shutdown. At most
@@ -59,7 +59,9 @@ class CancelManager:
         confirmed, _ = await self.cancel_with_status(request_id, submitted_at)
         return confirmed
 
-    async def cancel_with_status(self, request_id: str, submitted_at: float) -> tuple[bool, Mapping[str, Any]]:
+    async def cancel_with_status(
+        self, request_id: str, submitted_at: float
+    ) -> tuple[bool, Mapping[str, Any]]:
         """Cancel now: whether the Horde confirmed (200) or no longer holds the request (404), and the status
         body a confirming 200 carries (the status after the cancel; empty otherwise)."""
         status: Mapping[str, Any] = {}
@@ -111,7 +113,9 @@ class CancelManager:
             except asyncio.CancelledError:
                 pass
             except Exception:
-                log.warning("take-over check failed; cancelling", extra={"request_id": request_id}, exc_info=True)
+                log.warning(
+                    "take-over check failed; cancelling", extra={"request_id": request_id}, exc_info=True
+                )
             confirmed, status = await self.cancel_with_status(request_id, submitted_at)
             if then is not None:
                 try:

@@ -1,4 +1,4 @@
-"""The front's in-flight cap (spec: chat-front.md *Outcome class*, *Refusal attributes*: FrontAtCapacity).
+"""The front's in-flight cap (docs/openai-front.md#metrics-and-logs: FrontAtCapacity).
 
 A pure ASGI middleware counts the chat completions in flight, per client address and in total, from the
 request's arrival until its response (a stream included) has been sent. Past either cap a new request is
@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 
+from horde_contract.errors import RC
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from horde_oai.completions import record_refusal
@@ -54,7 +55,7 @@ class InFlightCap:
         error = OpenAIError(
             503,
             "The front has too many requests in flight right now; retry shortly.",
-            "FrontAtCapacity",
+            RC.FrontAtCapacity,
             headers={"Retry-After": str(CAPACITY_RETRY_AFTER_SECONDS)},
         )
         record_refusal(error, time.time(), streamed=False)

@@ -1,6 +1,6 @@
 """``POST /v1/chat/completions``: the OpenAI chat completion over the native chat routes.
 
-Flow (spec: chat-front.md; chat-requests.md *Completion signal*): read the body (413 over the bound; 400
+Flow (docs/openai-front.md; docs/native-api.md#completion-signal): read the body (413 over the bound; 400
 BadRequest for non-JSON or NaN/Infinity) → Bearer key → screen and validate (``schema``) → the shared
 contract rules → the call's operation (``operations``: a retry of the same call joins its first attempt's
 ``horde.operation_key``) → ``POST /v2/generate/chat/async`` → wait on the signal (``waiter``) →
@@ -14,13 +14,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from horde_contract import ANONYMOUS_API_KEY, ChatContractError, parse_chat_request
+from horde_contract import ANONYMOUS_API_KEY, HordeError, parse_chat_request
+from horde_contract.errors import RC
 from horde_core.body import (
     CHAT_BODY_LIMITS,
     BodyReadTimeout,
@@ -30,26 +31,18 @@ from horde_core.body import (
 )
 from horde_core.body import parse_json_body as parse_bounded_json
 
-from horde_oai.deltas import FIRST_ID, MAX_STREAM_CONNECTIONS, StreamBusy
-from horde_oai.errors import OpenAIError, bad_request
-from horde_oai.mapping import (
+from horde_oai.completion import (
     build_completion,
-    build_native_body,
     completion_limit_source,
     content_category,
     effective_completion_limit,
     estimate_prompt_tokens,
     finished_generations,
-    include_reasoning,
-    is_size_only_gap,
-    key_digest,
-    map_native_error,
     native_message_of,
-    new_operation_key,
-    relays_deltas,
-    request_digest,
-    requested_models,
+    worker_max_length_adjustments,
 )
+from horde_oai.deltas import FIRST_ID, MAX_STREAM_CONNECTIONS, StreamBusy
+from horde_oai.errors import OpenAIError, bad_request
 from horde_oai.metrics import (
     COMPLETIONS,
     QUEUE_WAIT,
@@ -64,6 +57,16 @@ from horde_oai.metrics import (
     max_tokens_bucket,
     outcome_class_for,
 )
+from horde_oai.native_errors import is_size_only_gap, map_native_error
+from horde_oai.native_request import (
+    build_native_body,
+    include_reasoning,
+    key_digest,
+    new_operation_key,
+    relays_deltas,
+    request_digest,
+    requested_models,
+)
 from horde_oai.operations import (
     NO_RECORDS,
     Call,
@@ -73,6 +76,7 @@ from horde_oai.operations import (
 )
 from horde_oai.relay import WHOLE_GENERATION, DeltaRelay, EventId, parse_event_id, sse_event
 from horde_oai.schema import contract_error, parameter_label, validate_request
+from horde_oai.state import get_state
 from horde_oai.streaming import buffered_stream_events, sse_error
 from horde_oai.waiter import ChatWait, WaitTrace
 
@@ -106,7 +110,7 @@ def parse_json_body(raw: bytes) -> Any:
         return parse_bounded_json(raw, CHAT_BODY_LIMITS)
     except JsonStructureError as exc:
         raise bad_request(exc.message) from None
-    except ChatContractError as exc:
+    except HordeError as exc:
         raise invalid_json_error(exc.message) from None
 
 
@@ -118,10 +122,12 @@ async def read_body(request: Request, limit: int, read_timeout: float = 60.0) ->
         return await read_bounded_body(request, limit, read_timeout, strict_content_length=False)
     except BodyTooLarge:
         raise OpenAIError(
-            413, f"The request body is larger than the {limit} bytes the AI Horde accepts.", "RequestTooLarge"
+            413,
+            f"The request body is larger than the {limit} bytes the AI Horde accepts.",
+            RC.RequestTooLarge,
         ) from None
     except BodyReadTimeout as exc:
-        raise OpenAIError(408, str(exc), "RequestBodyTimeout") from None
+        raise OpenAIError(408, str(exc), RC.RequestBodyTimeout) from None
 
 
 def bearer_key(request: Request) -> str:
@@ -147,7 +153,7 @@ def apply_contract_rules(native_body: dict[str, Any]) -> None:
     refusing it. The native route repeats every check."""
     try:
         parse_chat_request(native_body, defer_length_limits=True)
-    except ChatContractError as exc:
+    except HordeError as exc:
         raise contract_error(exc) from None
     except Exception:  # a contract bug must not refuse what the native route would accept
         log.exception("contract rules failed; leaving validation to the native route")
@@ -203,8 +209,13 @@ class RequestRecord:
             REQUEST_MAX_TOKENS.labels(source=source).observe(limit)
         self._log(limit, source)
 
+    def client_left(self) -> None:
+        """Record the end of a request whose client left before it ended: 499 client_disconnected."""
+        self.status, self.code = 499, "client_disconnected"
+        self.finish()
+
     def _log(self, limit: int, source: str) -> None:
-        """The finished-request line (spec: Finished-request log line); ``extra`` binds the same values."""
+        """The finished-request line (docs/openai-front.md#metrics-and-logs); ``extra`` binds the same values."""
         t = self.trace
         waited = t.woke_at - self.submitted_at if t.woke_at and self.submitted_at else None
         fields: dict[str, Any] = {
@@ -271,7 +282,7 @@ def _none(value: Any) -> str:
 def record_refusal(error: OpenAIError, started: float, streamed: bool) -> None:
     """horde.oai.requests.refused for a refusal before submit, and the refused-parameter log line."""
     label = ""
-    if error.code == "UnsupportedChatParameter" and error.param:
+    if error.code == RC.UnsupportedChatParameter and error.param:
         label = parameter_label(error.param)
         log.info(
             f"Refused unsupported chat parameter: path={error.param[:REFUSED_PARAMETER_LOG_LENGTH]!r} label={label}"
@@ -303,10 +314,7 @@ def record_completion(
     generation = finished_generations(status)[0]
     native_message = native_message_of(generation)
     finish_reason = completion["choices"][0]["finish_reason"]
-    lowered = bool(record.trace.context_adjustments) and any(
-        isinstance(a, Mapping) and a.get("reason") == "worker_max_length"
-        for a in record.trace.context_adjustments or ()
-    )
+    lowered = bool(worker_max_length_adjustments(record.trace.context_adjustments))
     category = content_category(native_message)
     queue_wait = generation.get("queue_wait_seconds")
     if isinstance(queue_wait, int | float) and not isinstance(queue_wait, bool) and queue_wait >= 0:
@@ -330,6 +338,48 @@ def record_completion(
             f"reasoning_effort={record.body.get('reasoning_effort') or 'omitted'} "
             f"reasoning_tokens={_none(details.get('reasoning_tokens'))} finish_reason={finish_reason}"
         )
+
+
+@dataclass
+class Answer:
+    """What answering one submitted (or resumed) request takes: its record and wait, the screened body, the
+    completion's ``created`` (Unix seconds) and the prompt estimate usage falls back to."""
+
+    record: RequestRecord
+    waiter: ChatWait
+    body: Mapping[str, Any]
+    created: int
+    prompt_estimate: int
+
+    @classmethod
+    def of(cls, state: Any, record: RequestRecord, body: Mapping[str, Any]) -> Answer:
+        """The answer of ``record``'s submitted request, with a new wait the record traces."""
+        request_id = record.request_id or ""
+        submitted_at = record.submitted_at if record.submitted_at is not None else time.time()
+        waiter = new_waiter(state, request_id, submitted_at, body)
+        record.trace = waiter.trace
+        prompt_estimate = estimate_prompt_tokens(body.get("messages") or [], body.get("tools"))
+        return cls(record, waiter, body, int(submitted_at), prompt_estimate)
+
+    def completion(self, status: Mapping[str, Any]) -> dict[str, Any]:
+        """The ``chat.completion`` of a done ``status``, recorded on horde.oai.completions and in the record."""
+        completion = build_completion(
+            request_id=self.record.request_id or "",
+            created=self.created,
+            body=self.body,
+            status=status,
+            prompt_estimate=self.prompt_estimate,
+        )
+        record_completion(self.record, completion, status)
+        return completion
+
+
+async def _stream_failed(record: RequestRecord, call: Call, error: OpenAIError) -> None:
+    """An error after a stream's headers (sent as an SSE error event): recorded as a stream failure, not on
+    horde.oai.requests.errors; the call ends with it."""
+    record.finish(error, after_headers=True)
+    STREAM_FAILURES.labels(code=error.code or "", outcome_class=outcome_class_for(error.code)).inc()
+    await call.end_with(error, created=True)
 
 
 def new_waiter(state: Any, request_id: str, submitted_at: float, body: Mapping[str, Any]) -> ChatWait:
@@ -389,7 +439,7 @@ def stream_busy() -> OpenAIError:
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(request: Request) -> Response:
     """Create a chat completion on the AI Horde (see the OpenAPI description for the body and errors)."""
-    state = request.app.state
+    state = get_state(request)
     settings = state.settings
     started = time.time()
     streamed = False
@@ -406,7 +456,7 @@ async def chat_completions(request: Request) -> Response:
             raise OpenAIError(
                 400,
                 "horde.dry_run is not available through the OpenAI front; use the native route for quotes.",
-                "UnsupportedChatParameter",
+                RC.UnsupportedChatParameter,
                 param="horde.dry_run",
             )
         resumed: dict[str, str] | None = None
@@ -464,7 +514,7 @@ async def _submit_and_wait(
     relayed: bool,
 ) -> Response:
     """Submit the call's attempt and answer it: the completion, a stream, or the error (ending ``call``)."""
-    state = request.app.state
+    state = get_state(request)
     settings = state.settings
     started, streamed = record.started, record.streamed
     models = requested_models(screened)
@@ -488,7 +538,7 @@ async def _submit_and_wait(
         )
         await call.end_with(error, created=False)
         # Validation, authorization and unknown models are refusals; the Horde's availability and rate
-        # refusals are errors of an admitted request (spec: Refusal attributes, Error attributes).
+        # refusals are errors of an admitted request (docs/openai-front.md#metrics-and-logs).
         refused = error.code not in SUBMIT_ERROR_CODES and error.status in (400, 401, 403, 404, 409, 413)
         if refused:
             record_refusal(error, started, streamed)
@@ -499,10 +549,7 @@ async def _submit_and_wait(
     repeated = response.status == 200
     record.request_id = request_id
     record.submitted_at = time.time()
-    waiter = new_waiter(state, request_id, record.submitted_at, screened)
-    record.trace = waiter.trace
-    prompt_estimate = estimate_prompt_tokens(screened.get("messages") or [], screened.get("tools"))
-    created = int(record.submitted_at)
+    answer = Answer.of(state, record, screened)
     if relayed:
         try:
             attached = await state.relay_records.attach(request_id) if repeated else None
@@ -515,10 +562,10 @@ async def _submit_and_wait(
             await state.relay_records.save(
                 request_id, key_digest(apikey), request_digest(native_body), record.submitted_at
             )
-        return await _relayed_stream(request, record, waiter, screened, created, prompt_estimate, call=call)
+        return await _relayed_stream(request, answer, call=call)
     if streamed:
-        return await _stream(request, record, waiter, screened, created, prompt_estimate, call)
-    wait_task = asyncio.create_task(waiter.run())
+        return await _stream(request, answer, call)
+    wait_task = asyncio.create_task(answer.waiter.run())
     watch_task = asyncio.create_task(_watch_disconnect(request))
     try:
         await asyncio.wait({wait_task, watch_task}, return_when=asyncio.FIRST_COMPLETED)
@@ -527,8 +574,7 @@ async def _submit_and_wait(
             # The client left: cancel the request unless a retry takes it over; stop waiting.
             _abandon(state, call, request_id, record.submitted_at, relayed=False, resumable=False)
             await stop_task(wait_task)
-            record.status, record.code = 499, "client_disconnected"
-            record.finish()
+            record.client_left()
         watch_task.cancel()
     if record.code == "client_disconnected":
         return Response(status_code=499)
@@ -538,10 +584,7 @@ async def _submit_and_wait(
         await call.end_with(error, created=True)
         record.finish(error)
         return error.response()
-    completion = build_completion(
-        request_id=request_id, created=created, body=screened, status=status, prompt_estimate=prompt_estimate
-    )
-    record_completion(record, completion, status)
+    completion = answer.completion(status)
     await call.end("delivered")
     record.finish()
     return JSONResponse(completion)
@@ -563,7 +606,7 @@ async def stop_task(task: asyncio.Task[Any], attempts: int = 100) -> None:
 
 async def _chat_entries_or_none(state: Any) -> Mapping[str, Mapping[str, Any]] | None:
     """The model list's chat entries, or None when the list cannot be read: a size-gap message then names the
-    limit instead of the largest declared value (spec: Size limit gaps)."""
+    limit instead of the largest declared value (docs/openai-front.md#no-eligible-worker)."""
     try:
         entries: Mapping[str, Mapping[str, Any]] = await state.chat_entries()
     except Exception:
@@ -618,29 +661,15 @@ def _in_background(coro: Any) -> asyncio.Task[Any]:
     return task
 
 
-async def _stream(
-    request: Request,
-    record: RequestRecord,
-    waiter: ChatWait,
-    body: Mapping[str, Any],
-    created: int,
-    prompt_estimate: int,
-    call: Call,
-) -> Response:
-    """The buffered stream (spec: Buffered stream events): JSON error before the first-read decision, SSE
+async def _stream(request: Request, answer: Answer, call: Call) -> Response:
+    """The buffered stream (docs/openai-front.md#streaming): JSON error before the first-read decision, SSE
     after it, the whole reply at once when the request is done."""
-    state = request.app.state
+    record, waiter, body = answer.record, answer.waiter, answer.body
+    state = get_state(request)
     request_id = record.request_id or ""
     submitted_at = record.submitted_at or time.time()
     wait_task = asyncio.create_task(waiter.run())
-    refused = await _headers_decision(
-        request,
-        record,
-        waiter,
-        wait_task,
-        call,
-        lambda: _abandon(state, call, request_id, submitted_at, relayed=False, resumable=False),
-    )
+    refused = await _headers_decision(request, answer, wait_task, call, relayed=False, resumable=False)
     if refused is not None:
         return refused
     include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -656,21 +685,12 @@ async def _stream(
             try:
                 status = wait_task.result()
             except OpenAIError as error:
-                record.finish(error, after_headers=True)
-                STREAM_FAILURES.labels(code=error.code or "", outcome_class=outcome_class_for(error.code)).inc()
                 finished = True
-                await call.end_with(error, created=True)
+                await _stream_failed(record, call, error)
                 yield sse_error(error)
                 yield "data: [DONE]\n\n"
                 return
-            completion = build_completion(
-                request_id=record.request_id or "",
-                created=created,
-                body=body,
-                status=status,
-                prompt_estimate=prompt_estimate,
-            )
-            record_completion(record, completion, status)
+            completion = answer.completion(status)
             STREAM_FIRST_CONTENT.labels(relayed="false").observe(max(0.0, time.time() - record.started))
             for event in buffered_stream_events(completion, include_usage=include_usage):
                 yield event
@@ -685,23 +705,24 @@ async def _stream(
                     _in_background(stop_task(wait_task))
                 else:
                     _in_background(call.end("dropped"))
-                record.status, record.code = 499, "client_disconnected"
-                record.finish()
+                record.client_left()
 
     return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
 
 
 async def _headers_decision(
     request: Request,
-    record: RequestRecord,
-    waiter: ChatWait,
+    answer: Answer,
     wait_task: asyncio.Task[dict[str, Any]],
     call: Call,
-    on_leave: Callable[[], None],
+    *,
+    relayed: bool,
+    resumable: bool,
 ) -> Response | None:
-    """Wait for the first-read decision (spec: Stream errors): a Response when the request ends before any
-    header (its JSON error, ending ``call``; or 499 for a client that left, after ``on_leave`` decided the
-    request's fate), None when the stream may open."""
+    """Wait for the first-read decision (docs/openai-front.md#streaming): a Response when the request ends before any
+    header (its JSON error, ending ``call``; or 499 for a client that left, whose request is abandoned as
+    :func:`_abandon` says for a ``relayed`` and ``resumable`` stream), None when the stream may open."""
+    record, waiter = answer.record, answer.waiter
     first_read = asyncio.create_task(waiter.first_read_passed.wait())
     watch_task = asyncio.create_task(_watch_disconnect(request))
     try:
@@ -710,10 +731,17 @@ async def _headers_decision(
         first_read.cancel()
         watch_task.cancel()
     if watch_task.done() and not wait_task.done():
-        on_leave()
+        submitted_at = record.submitted_at or time.time()
+        _abandon(
+            get_state(request),
+            call,
+            record.request_id or "",
+            submitted_at,
+            relayed=relayed,
+            resumable=resumable,
+        )
         await stop_task(wait_task)
-        record.status, record.code = 499, "client_disconnected"
-        record.finish()
+        record.client_left()
         return Response(status_code=499)
     if wait_task.done() and wait_task.exception() is not None:
         error = wait_task.exception()
@@ -726,26 +754,19 @@ async def _headers_decision(
 
 
 async def _relayed_stream(
-    request: Request,
-    record: RequestRecord,
-    waiter: ChatWait,
-    body: Mapping[str, Any],
-    created: int,
-    prompt_estimate: int,
-    *,
-    call: Call,
-    resume_at: EventId | None = None,
+    request: Request, answer: Answer, *, call: Call, resume_at: EventId | None = None
 ) -> Response:
-    """A relayed stream (spec: Relayed deltas): deltas from the progress stream as they arrive, paced, then the
+    """A relayed stream (docs/openai-front.md#streaming): deltas from the progress stream as they arrive, paced, then the
     final reply reconciled with them. ``resume_at`` re-attaches a client at its ``Last-Event-ID``; ``call`` is
     the attempt's operation (untracked for a resume, which is no new call)."""
-    state = request.app.state
+    record, waiter, body = answer.record, answer.waiter, answer.body
+    state = get_state(request)
     settings = state.settings
     request_id = record.request_id or ""
     models = requested_models(body)
     relay = DeltaRelay(
         request_id=request_id,
-        created=created,
+        created=answer.created,
         default_model=models[0] if models else "",
         include_reasoning=include_reasoning(body),
         max_window=settings.oai_delta_pacing_max_window_seconds,
@@ -773,12 +794,7 @@ async def _relayed_stream(
     submitted_at = record.submitted_at or time.time()
     try:
         refused = await _headers_decision(
-            request,
-            record,
-            waiter,
-            wait_task,
-            call,
-            lambda: _abandon(state, call, request_id, submitted_at, relayed=True, resumable=resume_at is not None),
+            request, answer, wait_task, call, relayed=True, resumable=resume_at is not None
         )
     except BaseException:
         state.deltas.unregister(feed)
@@ -833,17 +849,12 @@ async def _relayed_stream(
             try:
                 status = wait_task.result()
             except OpenAIError as error:
-                record.finish(error, after_headers=True)
-                STREAM_FAILURES.labels(code=error.code or "", outcome_class=outcome_class_for(error.code)).inc()
                 finished = True
-                await call.end_with(error, created=True)
+                await _stream_failed(record, call, error)
                 for event in relay.fail(error):
                     yield event
                 return
-            completion = build_completion(
-                request_id=request_id, created=created, body=body, status=status, prompt_estimate=prompt_estimate
-            )
-            record_completion(record, completion, status)
+            completion = answer.completion(status)
             exposed = relay.exposed
             final = relay.finish(completion, include_usage=include_usage)
             diverged = relay.diverged
@@ -852,11 +863,9 @@ async def _relayed_stream(
                 yield event
             if relay.first_content_at is not None and record.first_content is None:
                 record.first_content = relay.first_content_at
-            STREAM_RELAYS.labels(
-                outcome="diverged" if diverged else "relayed" if exposed else "whole"
-            ).inc()
+            STREAM_RELAYS.labels(outcome="diverged" if diverged else "relayed" if exposed else "whole").inc()
             if diverged:
-                record.status, record.code = 502, "ChatStreamDiverged"
+                record.status, record.code = 502, RC.ChatStreamDiverged
                 STREAM_FAILURES.labels(code=record.code, outcome_class=outcome_class_for(record.code)).inc()
             record.finish()
             await call.end("delivered")
@@ -865,7 +874,9 @@ async def _relayed_stream(
                 getter.cancel()
             state.deltas.unregister(feed)
             if record.first_content is not None:
-                STREAM_FIRST_CONTENT.labels(relayed="true").observe(max(0.0, record.first_content - record.started))
+                STREAM_FIRST_CONTENT.labels(relayed="true").observe(
+                    max(0.0, record.first_content - record.started)
+                )
             if finished:
                 _detach_finished(state, request_id)
             else:
@@ -878,8 +889,7 @@ async def _relayed_stream(
                 else:
                     _detach_finished(state, request_id)
                     _in_background(call.end("dropped"))
-                record.status, record.code = 499, "client_disconnected"
-                record.finish()
+                record.client_left()
 
     return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
 
@@ -890,7 +900,6 @@ def _detach_finished(state: Any, request_id: str) -> None:
     _in_background(state.relay_records.detach(request_id, close_if_last=False))
 
 
-
 async def _resume(
     request: Request,
     record: RequestRecord,
@@ -898,9 +907,9 @@ async def _resume(
     at: EventId,
     found: Mapping[str, str],
 ) -> Response:
-    """Re-attach a client to its relayed stream at ``at`` (README: Resumable streams): no new request, no new
+    """Re-attach a client to its relayed stream at ``at`` (docs/openai-front.md#resumable-streams): no new request, no new
     charge. A client that already had the finish chunk gets ``data: [DONE]``."""
-    state = request.app.state
+    state = get_state(request)
     try:
         submitted_at = float(found.get("submitted_at") or 0.0)
     except ValueError:
@@ -925,16 +934,6 @@ async def _resume(
         error = stream_not_resumable()
         record_refusal(error, record.started, True)
         return error.response()
-    waiter = new_waiter(state, at.request_id, record.submitted_at, body)
-    record.trace = waiter.trace
-    prompt_estimate = estimate_prompt_tokens(body.get("messages") or [], body.get("tools"))
     return await _relayed_stream(
-        request,
-        record,
-        waiter,
-        body,
-        int(record.submitted_at),
-        prompt_estimate,
-        call=state.operations.untracked(),
-        resume_at=at,
+        request, Answer.of(state, record, body), call=state.operations.untracked(), resume_at=at
     )

@@ -1,4 +1,4 @@
-"""The front's one reader of progress streams (spec: chat-front.md *Redis reads and recovery*).
+"""The front's one reader of progress streams (docs/openai-front.md#streaming).
 
 :class:`DeltaStreamReader` is one background task per process. Every relayed request registers a
 :class:`DeltaFeed`; the task reads ``horde:chat:stream:<request id>`` of every registered request with one
@@ -23,6 +23,7 @@ from typing import Any
 
 import redis.asyncio as redis
 from horde_core.chat_stream import StreamEntry, progress_stream_key, request_id_of_stream
+from horde_core.redis_keys import relay_record_key
 
 from horde_oai.metrics import DELTA_READS
 
@@ -111,7 +112,9 @@ class DeltaStreamReader:
         while True:
             await self._have_feeds.wait()
             # One position per stream: the earliest of its connections; each skips what it already had.
-            positions = {key: min((f.last_id for f in feeds), key=_id_key) for key, feeds in self._feeds.items()}
+            positions = {
+                key: min((f.last_id for f in feeds), key=_id_key) for key, feeds in self._feeds.items()
+            }
             if not positions:
                 continue
             started = time.monotonic()
@@ -151,12 +154,13 @@ class DeltaStreamReader:
                 if mine:
                     feed.last_id = mine[-1].id
                     feed.batches.put_nowait(mine)
-            log.debug("delta read", extra={"request_id": request_id_of_stream(key_text), "entries": len(batch)})
+            log.debug(
+                "delta read", extra={"request_id": request_id_of_stream(key_text), "entries": len(batch)}
+            )
 
 
-# --- resumable streams (beyond the spec; README "Resumable streams") ---------------------------------------------
+# --- resumable streams (beyond the spec; docs/openai-front.md#resumable-streams) ---------------------------------------------
 
-RELAY_RECORD_PREFIX = "horde:oai:relay:"
 # The stream keeps its entries 900 s after the last append; the record lives as long.
 RELAY_RECORD_TTL_SECONDS = 900
 
@@ -184,11 +188,6 @@ return 0
 
 class StreamBusy(Exception):
     """The stream already has :data:`MAX_STREAM_CONNECTIONS` connections."""
-
-
-def relay_record_key(request_id: str) -> str:
-    """``horde:oai:relay:<request id>``: who may resume a relayed stream, on the stream database."""
-    return f"{RELAY_RECORD_PREFIX}{request_id}"
 
 
 class RelayRecords:

@@ -1,9 +1,9 @@
 """The OpenAI error envelope and the front's own refusals.
 
 Every error the front returns is ``{"error": {"message", "type", "param", "code"[, "metadata"]}}`` (OpenAI's
-shape; openai-contract.md §0). ``code`` is the Horde return code (the native ``rc`` passed through, so the
+shape). ``code`` is the Horde return code (the native ``rc`` passed through, so the
 code set is open) or one of the front's codes below. Headers such as ``Retry-After`` and ``x-should-retry``
-ride on the exception. Spec: chat-front.md *No eligible worker*, *Kudos cap*, *Outcome class*.
+ride on the exception. See docs/openai-front.md#no-eligible-worker, #kudos-cap, #metrics-and-logs.
 """
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from horde_contract.errors import RC
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
 
-# Retry-After of every no_eligible_worker (spec: No eligible worker).
+# Retry-After of every no_eligible_worker (docs/openai-front.md#no-eligible-worker).
 NO_ELIGIBLE_WORKER_RETRY_AFTER_SECONDS = 30
 
 # OpenAI's error type for each status the front returns.
@@ -40,20 +41,20 @@ def error_type_for(status: int) -> str:
     return ERROR_TYPE_BY_STATUS.get(status, "api_error")
 
 
-# x-should-retry on every error (README: Retries and idempotency). A retry of the same call joins the same
+# x-should-retry on every error (docs/openai-front.md#retries-and-idempotency). A retry of the same call joins the same
 # native operation, so it is always safe; it is useful after the statuses the SDKs retry (408, 409, 429, 5xx)
 # unless the code below says the call's outcome is settled. Errors of a request the Horde created and ended are
 # settled too: the front marks them where it raises them (``settled()``).
 RETRIED_STATUSES = frozenset({408, 409, 429})
 SETTLED_CODES = frozenset(
     {
-        "ChatRequestTimeout",  # the whole budget was spent and the request cancelled
-        "ChatRequestFaulted",  # the horde already restarted the job up to its fault limit
-        "ChatRequestNoGeneration",
-        "ChatStreamDiverged",
+        RC.ChatRequestTimeout,  # the whole budget was spent and the request cancelled
+        RC.ChatRequestFaulted,  # the horde already restarted the job up to its fault limit
+        RC.ChatRequestNoGeneration,
+        RC.ChatStreamDiverged,
         "no_eligible_worker",  # spec: an SDK retries within seconds, and the online workers are the same
         "queue_unavailable",
-        "OperationKeyConflict",
+        RC.OperationKeyConflict,
     }
 )
 
@@ -92,7 +93,9 @@ class OpenAIError(Exception):
         self.type = type or error_type_for(status)
         self.metadata = metadata or {}
         self.headers = dict(headers or {})
-        self.headers.setdefault("x-should-retry", "true" if should_retry_by_default(status, code) else "false")
+        self.headers.setdefault(
+            "x-should-retry", "true" if should_retry_by_default(status, code) else "false"
+        )
         # Metrics attributes (Outcome class): the stage of a no_eligible_worker and the refused parameter.
         self.stage = ""
         self.reason = ""
@@ -151,13 +154,13 @@ class OpenAIError(Exception):
         return f"OpenAIError({self.status}, {self.code!r}, {self.message!r}, param={self.param!r})"
 
 
-def bad_request(message: str, param: str | None = None, code: str = "BadRequest") -> OpenAIError:
+def bad_request(message: str, param: str | None = None, code: str = RC.BadRequest) -> OpenAIError:
     """400 invalid_request_error with ``code`` (BadRequest unless given)."""
     return OpenAIError(400, message, code, param=param)
 
 
 def no_eligible_worker(message: str, *, stage: str, request_id: str | None = None) -> OpenAIError:
-    """503 no_eligible_worker with Retry-After 30 and x-should-retry false (spec: No eligible worker)."""
+    """503 no_eligible_worker with Retry-After 30 and x-should-retry false (docs/openai-front.md#no-eligible-worker)."""
     exc = OpenAIError(
         503,
         message,
@@ -189,12 +192,12 @@ def install_openai_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "BadRequest")
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, RC.BadRequest)
         return OpenAIError(exc.status_code, str(exc.detail), code).response()
 
     @app.exception_handler(Exception)
     async def _unhandled(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error", exc_info=exc)
         return OpenAIError(
-            500, "The server had an error while processing your request.", "InternalServerError"
+            500, "The server had an error while processing your request.", RC.InternalServerError
         ).response()

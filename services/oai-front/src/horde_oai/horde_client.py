@@ -1,4 +1,4 @@
-"""The native HTTP calls the front makes, exactly as to a public horde (ARCHITECTURE.md).
+"""The native HTTP calls the front makes, exactly as to a public horde (README.md#architecture).
 
 Routes: ``POST /v2/generate/chat/async``, ``GET``/``DELETE /v2/generate/chat/status/{id}``,
 ``GET /v2/status/models?type=text&chat=true``, under the configured base URL (``.../api``).
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from horde_contract.errors import RC
 
 from horde_oai.errors import OpenAIError
 from horde_oai.metrics import NATIVE_CALL_DURATION, status_class
@@ -43,7 +44,7 @@ class NativeResponse:
 
 def horde_unavailable(detail: str) -> OpenAIError:
     """502 HordeUnavailable: the horde did not answer."""
-    return OpenAIError(502, f"The Horde could not be reached: {detail}", "HordeUnavailable")
+    return OpenAIError(502, f"The Horde could not be reached: {detail}", RC.HordeUnavailable)
 
 
 class HordeClient:
@@ -101,7 +102,7 @@ class HordeClient:
 
         With a proxy passkey and the client's address, the call carries ``Proxy-Authorization`` and
         ``Proxied-For``, so the horde counts its per-address rate limits by the front's client rather than by
-        the front (spec: Rate limits).
+        the front (docs/native-api.md#rate-limits).
         """
         headers = {"apikey": apikey}
         if self.proxy_passkey and client_address:

@@ -1,4 +1,4 @@
-"""The front's instruments (spec: chat-front.md *Metrics*), Prometheus names with ``_`` for ``.``.
+"""The front's instruments (docs/openai-front.md#metrics-and-logs), Prometheus names with ``_`` for ``.``.
 
 Attributes are bounded: codes, outcome classes, stages, reasons, statuses, parameter labels and the served
 model id. Never API keys, prompts, addresses or request ids.
@@ -6,7 +6,8 @@ model id. Never API keys, prompts, addresses or request ids.
 
 from __future__ import annotations
 
-from horde_contract import MAX_CHAT_BODY_BYTES
+from horde_contract import MAX_CHAT_BODY_BYTES, MAX_CHAT_MAX_TOKENS, MIN_CHAT_MAX_TOKENS
+from horde_contract.errors import RC
 from horde_core.metrics import BUCKETS_REQUEST_LIFECYCLE_SECONDS, BUCKETS_SECONDS, counter, histogram
 
 # Request body sizes in bytes: a text-only chat is a few KiB; images as data URLs reach the 36 MiB cap.
@@ -23,38 +24,51 @@ BUCKETS_BODY_BYTES = (
     33554432,
     MAX_CHAT_BODY_BYTES,
 )
-BUCKETS_MAX_TOKENS = (16, 64, 128, 256, 512, 768, 1024, 2048, 4096, 8192, 16384)
+# Completion limits: the contract's range, from its least to its most.
+BUCKETS_MAX_TOKENS = (
+    MIN_CHAT_MAX_TOKENS,
+    64,
+    128,
+    256,
+    512,
+    768,
+    1024,
+    2048,
+    4096,
+    8192,
+    MAX_CHAT_MAX_TOKENS,
+)
 BUCKETS_POST_GAP_SECONDS = (0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10)
 BUCKETS_PIECES_PER_POST = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 80)
 BUCKETS_REASONING_SHARE = (0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1)
 
-# Outcome class by code (spec: Outcome class). A code not listed is unclassified on purpose.
+# Outcome class by code (docs/openai-front.md#metrics-and-logs). A code not listed is unclassified on purpose.
 OUTCOME_CLASS_BY_CODE: dict[str, str] = {
     "ok": "served",
-    "ChatRequestTimeout": "capacity",
+    RC.ChatRequestTimeout: "capacity",
     "queue_unavailable": "capacity",
-    "FrontAtCapacity": "front_capacity",
+    RC.FrontAtCapacity: "front_capacity",
     "no_worker_supports_features": "unservable",
     "no_worker_supports_limit": "unservable",
-    "UnknownChatModel": "unservable",  # the native rc, passed through (a 404 for an unknown model)
-    "ChatRequestFaulted": "service_fault",
-    "ChatRequestNoGeneration": "service_fault",
-    "ChatStreamDiverged": "service_fault",
+    RC.UnknownChatModel: "unservable",  # the native rc, passed through (a 404 for an unknown model)
+    RC.ChatRequestFaulted: "service_fault",
+    RC.ChatRequestNoGeneration: "service_fault",
+    RC.ChatStreamDiverged: "service_fault",
     "stream_not_found": "client_error",
     "stream_busy": "client_error",
-    "HordeUnavailable": "service_fault",
-    "InternalServerError": "service_fault",
-    "BadRequest": "client_error",
-    "UnsupportedChatParameter": "client_error",
-    "ChatRequestConflict": "client_error",
-    "RequestTooLarge": "client_error",
-    "RequestBodyTimeout": "client_error",
+    RC.HordeUnavailable: "service_fault",
+    RC.InternalServerError: "service_fault",
+    RC.BadRequest: "client_error",
+    RC.UnsupportedChatParameter: "client_error",
+    RC.ChatRequestConflict: "client_error",
+    RC.RequestTooLarge: "client_error",
+    RC.RequestBodyTimeout: "client_error",
     "max_kudos_exceeded": "client_error",
-    "PromptExceedsContext": "client_error",
-    "OperationKeyConflict": "client_error",
-    "InvalidAPIKey": "auth",
+    RC.PromptExceedsContext: "client_error",
+    RC.OperationKeyConflict: "client_error",
+    RC.InvalidAPIKey: "auth",
     "invalid_api_key": "auth",
-    "KudosUpfront": "kudos",
+    RC.KudosUpfront: "kudos",
     "rate_limit_exceeded": "rate_limited",
     "client_disconnected": "client_cancelled",
 }
@@ -112,7 +126,7 @@ REQUEST_MAX_TOKENS = histogram(
 )
 
 
-# --- relayed deltas (spec: Relayed deltas, Histogram buckets) ---------------------------------------------------
+# --- relayed deltas (docs/openai-front.md#streaming, #metrics-and-logs) ---------------------------------------------------
 
 DELTA_READS = counter(
     "horde.oai.delta_reads",
@@ -158,7 +172,7 @@ STREAM_REASONING_SHARE = histogram(
 )
 
 
-# --- native calls and request sizes (spec: Histogram buckets) ----------------------------------------------------
+# --- native calls and request sizes (docs/openai-front.md#metrics-and-logs) ----------------------------------------------------
 
 # The native routes the front calls, by ``horde.route`` label (bounded: never a request id).
 NATIVE_ROUTES = ("submit", "status", "cancel", "models")

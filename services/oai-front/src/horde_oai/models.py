@@ -1,5 +1,5 @@
-"""``GET /v1/models``: the OpenAI model list from the native chat model list (spec: chat-front.md *Model card
-fields*; chat-requests.md *Chat model list*)."""
+"""``GET /v1/models``: the OpenAI model list from the native chat model list (docs/openai-front.md
+#model-cards; docs/native-api.md#model-list)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from horde_oai.errors import OpenAIError
-from horde_oai.mapping import map_native_error
+from horde_oai.native_errors import map_native_error
+from horde_oai.state import get_state
 
 router = APIRouter()
 
@@ -87,7 +88,7 @@ def chat_entries_by_model(entries: Any) -> dict[str, Mapping[str, Any]]:
 @router.get("/v1/models", response_model=None)
 async def list_models(request: Request) -> JSONResponse:
     """The text models at least one online chat worker serves, as OpenAI model cards."""
-    response = await request.app.state.horde.chat_models()
+    response = await get_state(request).horde.chat_models()
     if not response.ok:
         return map_native_error(response.status, response.body, headers=response.headers).response()
     return JSONResponse(build_model_list(response.body))
@@ -97,7 +98,7 @@ async def list_models(request: Request) -> JSONResponse:
 async def retrieve_model(model_id: str, request: Request) -> JSONResponse:
     """One model card, as ``GET /v1/models`` lists it (the SDK's ``models.retrieve``); model ids may hold
     ``/``. 404 ``model_not_found`` when no online chat worker serves the model."""
-    response = await request.app.state.horde.chat_models()
+    response = await get_state(request).horde.chat_models()
     if not response.ok:
         return map_native_error(response.status, response.body, headers=response.headers).response()
     for card in build_model_list(response.body)["data"]:

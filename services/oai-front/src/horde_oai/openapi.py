@@ -1,4 +1,4 @@
-"""The OpenAPI 3.1 description (spec: chat-front.md *API documentation*, *Schema generation*, *Field descriptions*).
+"""The OpenAPI 3.1 description (docs/openai-front.md#routes).
 
 The handlers read the body by hand, so the component schemas come from the models here: the request as
 validated (:class:`~horde_oai.schema.ChatCompletionRequest`, plus the default no-op keys) and the
@@ -78,7 +78,7 @@ _LINE_BREAK = re.compile(r"(?<!\n)\n(?!\n)")
 
 
 def plain_description(text: str) -> str:
-    """A docstring as a description (spec: Field descriptions): a parenthetical ``(see [`name`][path])``
+    """A docstring as a description (docs/openai-front.md#routes): a parenthetical ``(see [`name`][path])``
     cross-reference is dropped, an inline ``[`name`][path]`` one is rendered as ``name`` in backticks, and the
     docstring's line breaks inside a paragraph become spaces."""
     text = _SEE_REFERENCE.sub("", text)

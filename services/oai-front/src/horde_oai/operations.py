@@ -1,9 +1,9 @@
-"""Retries of one client call are one operation (beyond the spec; README *Retries and idempotency*).
+"""Retries of one client call are one operation (beyond the spec; docs/openai-front.md#retries-and-idempotency).
 
 The OpenAI SDKs retry a 408, 409, 429, 5xx or dropped connection with the same body, and many clients send an
 ``Idempotency-Key``. The front gives every retry of a call the native ``horde.operation_key`` of its first
-attempt, so the Horde answers the retry with the first request (200 ``{id, kudos}``, chat-requests.md
-*Operation key*): no second row, no second charge, and the client gets the first request's outcome.
+attempt, so the Horde answers the retry with the first request (200 ``{id, kudos}``, docs/native-api.md
+#operation-key): no second row, no second charge, and the client gets the first request's outcome.
 
 A call is named by its *call key*: SHA-256 over its caller (the API key's digest; for the shared anonymous
 key, with the client's address) and either the client's Idempotency-Key or
@@ -17,7 +17,7 @@ database, kept :data:`OPERATION_RECORD_TTL_SECONDS` (the native request's expiry
   error, kept in ``error`` and replayed);
 - ``live``: the connections waiting on it now.
 
-Which attempt takes over a record (:data:`CLAIM_SCRIPT`):
+Which attempt takes over a record (:data:`horde_core.operation_records.CLAIM_SCRIPT`):
 
 =========== ================= ========================== ================================
 record      kind idem         kind body, declared retry  kind body, otherwise
@@ -47,12 +47,13 @@ from typing import Any
 
 import redis.asyncio as redis
 from horde_contract import RC
+from horde_core.operation_records import ABANDON_SCRIPT, CLAIM_SCRIPT, END_SCRIPT, LIVE_SCRIPT
+from horde_core.redis_keys import operation_record_key
 
 from horde_oai.errors import OpenAIError
 
 log = logging.getLogger(__name__)
 
-OPERATION_RECORD_PREFIX = "horde:oai:operation:"
 # The native request expires 20 minutes after submission; a retry after that has nothing to join.
 OPERATION_RECORD_TTL_SECONDS = 20 * 60
 IDEMPOTENCY_KEY_HEADER = "idempotency-key"
@@ -66,76 +67,6 @@ MAX_IDEMPOTENCY_KEY_LENGTH = 255
 # Namespace of the operation keys derived from an Idempotency-Key when the front runs without Redis.
 IDEMPOTENCY_NAMESPACE = uuid.UUID("0f4b6a52-6d1f-4c55-9c7e-2b8f0a1d7e93")
 
-# KEYS[1]: the record; ARGV: new operation key, kind, declared retry (1/0), ttl, body digest.
-# Returns {'new', op}, {'joined', op}, {'final', error json} or {'conflict', ''} (another body under a settled
-# idem call).
-CLAIM_SCRIPT = """
-local state = redis.call('HGET', KEYS[1], 'state')
-if state then
-  if state == 'final' then
-    if ARGV[2] == 'idem' then
-      if redis.call('HGET', KEYS[1], 'body') ~= ARGV[5] then return {'conflict', ''} end
-      return {'final', redis.call('HGET', KEYS[1], 'error') or ''}
-    end
-  elseif ARGV[2] == 'idem' or state == 'retryable' or ARGV[3] == '1' then
-    redis.call('HINCRBY', KEYS[1], 'live', 1)
-    redis.call('HSET', KEYS[1], 'state', 'open')
-    redis.call('EXPIRE', KEYS[1], ARGV[4])
-    return {'joined', redis.call('HGET', KEYS[1], 'op')}
-  end
-end
-redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'op', ARGV[1], 'state', 'open', 'live', 1, 'body', ARGV[5])
-redis.call('EXPIRE', KEYS[1], ARGV[4])
-return {'new', ARGV[1]}
-"""
-# KEYS[1]: the record; ARGV: operation key, outcome (delivered, retryable, dropped, final, refused), error json,
-# kind, ttl. A record that holds another operation (replaced meanwhile) is left alone. Returns the live count.
-END_SCRIPT = """
-if redis.call('HGET', KEYS[1], 'op') ~= ARGV[1] then return -1 end
-if ARGV[2] == 'refused' then
-  redis.call('DEL', KEYS[1])
-  return 0
-end
-if ARGV[2] == 'final' then
-  if ARGV[4] == 'idem' then
-    redis.call('HSET', KEYS[1], 'state', 'final', 'error', ARGV[3], 'live', 0)
-    redis.call('EXPIRE', KEYS[1], ARGV[5])
-  else
-    redis.call('DEL', KEYS[1])
-  end
-  return 0
-end
-local live = redis.call('HINCRBY', KEYS[1], 'live', -1)
-if live <= 0 then
-  local state = 'retryable'
-  if ARGV[2] == 'delivered' then state = 'delivered' end
-  redis.call('HSET', KEYS[1], 'live', 0, 'state', state)
-  redis.call('EXPIRE', KEYS[1], ARGV[5])
-  return 0
-end
-return live
-"""
-# KEYS[1]: the record; ARGV[1]: operation key. The connections waiting on the call now (0 for a record that is
-# gone or holds another operation).
-LIVE_SCRIPT = """
-if redis.call('HGET', KEYS[1], 'op') ~= ARGV[1] then return 0 end
-return tonumber(redis.call('HGET', KEYS[1], 'live') or '0')
-"""
-# KEYS[1]: the record; ARGV: operation key, the state to leave (retryable or delivered; empty deletes the
-# record). Nothing changes when a retry joined meanwhile (live above 0) or the record holds another operation.
-ABANDON_SCRIPT = """
-if redis.call('HGET', KEYS[1], 'op') ~= ARGV[1] then return 0 end
-if tonumber(redis.call('HGET', KEYS[1], 'live') or '0') > 0 then return 0 end
-if ARGV[2] == '' then redis.call('DEL', KEYS[1]) else redis.call('HSET', KEYS[1], 'state', ARGV[2]) end
-return 1
-"""
-
-
-def operation_record_key(call_key: str) -> str:
-    """``horde:oai:operation:<call key>``: the record of one client call, on the stream database."""
-    return f"{OPERATION_RECORD_PREFIX}{call_key}"
-
 
 def idempotency_key_of(headers: Any) -> str | None:
     """The ``Idempotency-Key`` header, stripped; None when absent or blank. Raises 400 BadRequest past
@@ -146,7 +77,7 @@ def idempotency_key_of(headers: Any) -> str | None:
         raise OpenAIError(
             400,
             f"The Idempotency-Key header is longer than {MAX_IDEMPOTENCY_KEY_LENGTH} characters.",
-            "BadRequest",
+            RC.BadRequest,
         )
     return value or None
 
@@ -219,7 +150,9 @@ class Call:
         if error.should_retry or (self.joined and not created):
             unqueued = not created and not self.joined
             await self.end(
-                "retryable", error, ttl=UNQUEUED_RECORD_TTL_SECONDS if unqueued else OPERATION_RECORD_TTL_SECONDS
+                "retryable",
+                error,
+                ttl=UNQUEUED_RECORD_TTL_SECONDS if unqueued else OPERATION_RECORD_TTL_SECONDS,
             )
         else:
             await self.end("final" if created else "refused", error)

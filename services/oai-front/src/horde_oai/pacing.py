@@ -1,4 +1,4 @@
-"""The pacing of relayed deltas (spec: chat-front.md, "Relayed deltas" > "Pacing").
+"""The pacing of relayed deltas (docs/openai-front.md, "Relayed deltas" > "Pacing").
 
 A worker posts its reply in bursts, one stream entry every second or so. Relayed as they
 arrive, the bursts make a client's text jump. The front therefore sends the first exposed
@@ -40,10 +40,10 @@ Field: TypeAlias = Literal["reasoning_content", "content"]
 """The delta field a piece belongs to: ``delta.reasoning_content`` or ``delta.content``."""
 
 MIN_WINDOW_SECONDS = 0.05
-"""The lower clamp of the window estimate, in seconds (spec: Pacing)."""
+"""The lower clamp of the window estimate, in seconds (docs/openai-front.md#streaming)."""
 
 EMA_NEWEST_GAP_WEIGHT = 0.5
-"""The weight of the newest post gap in the window's exponential moving average (spec: Pacing)."""
+"""The weight of the newest post gap in the window's exponential moving average (docs/openai-front.md#streaming)."""
 
 _GRAPHEME = regex.compile(r"\X")
 # Absorbs float error in rate * window (0.7 * 10 = 7.000000000000001, 0.1 * 3 = 0.30000000000000004).
@@ -56,7 +56,7 @@ class Piece:
 
     ``field`` is the delta field, ``text`` is non-empty, and ``send_at`` is the time (seconds,
     on the caller's ``now`` clock) the piece is scheduled for; ``now - send_at`` when it is
-    actually sent is the pacing lag (spec: Pacing; Histogram buckets).
+    actually sent is the pacing lag (docs/openai-front.md#streaming; Histogram buckets).
     """
 
     field: Field
@@ -66,7 +66,7 @@ class Piece:
 
 @dataclass(frozen=True, slots=True)
 class Scheduled:
-    """What one ``Pacer.add`` did, for the metrics (spec: Pacing; Histogram buckets).
+    """What one ``Pacer.add`` did, for the metrics (docs/openai-front.md#streaming; Histogram buckets).
 
     ``gap`` is the post gap in seconds since the previous post's stream-id time (None for the
     generation's first post or a post older than the last one). ``window`` is the window in
@@ -84,7 +84,7 @@ class Scheduled:
 # the run's length (a 240 KB post of flag letters froze the event loop for seconds). Each run is therefore
 # segmented as a stand-in of the same length that \X pairs the same way in linear time: a pair becomes a
 # letter and a combining mark (one cluster), an odd last indicator a letter; marks that follow still attach.
-_REGIONAL_INDICATOR_RUN = regex.compile("[\U0001F1E6-\U0001F1FF]+")
+_REGIONAL_INDICATOR_RUN = regex.compile("[\U0001f1e6-\U0001f1ff]+")
 _PAIR_STAND_IN = "A\u0301"
 
 
@@ -102,7 +102,7 @@ def _grapheme_boundaries(text: str) -> list[int]:
 
 
 def split_pieces(text: str, count: int) -> list[str]:
-    """Split ``text`` into at most ``count`` non-empty pieces of about even length (spec: Pacing).
+    """Split ``text`` into at most ``count`` non-empty pieces of about even length (docs/openai-front.md#streaming).
 
     The k-th cut aims at the even offset ``k * len(text) / n`` (code points), where ``n`` is
     ``count`` capped at ``len(text)``. It is placed before a whitespace character within half a
@@ -170,7 +170,7 @@ def _apportion(lengths: list[int], count: int) -> list[int]:
 
 
 class Pacer:
-    """The pacing state of one relayed generation (spec: chat-front.md, Relayed deltas > Pacing).
+    """The pacing state of one relayed generation (docs/openai-front.md, Relayed deltas > Pacing).
 
     ``max_window`` is HORDE_OAI_DELTA_PACING_MAX_WINDOW_SECONDS (seconds; 0 sends each delta
     whole as it arrives) and ``max_pieces_per_second`` is

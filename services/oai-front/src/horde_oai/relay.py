@@ -1,7 +1,7 @@
 """Relayed deltas of one streamed request: from progress stream entries to ``chat.completion.chunk`` events.
 
-Spec: chat-front.md *Relayed deltas* (*Delta fields*, *Pacing*, *Final reply reconciliation*), *Model and
-fingerprint*. :class:`DeltaRelay` is the per-request state machine, free of I/O: the front's driver feeds it
+See docs/openai-front.md#streaming,
+#responses. :class:`DeltaRelay` is the per-request state machine, free of I/O: the front's driver feeds it
 entry batches from the delta reader, asks it for due pieces, and ends it with the final completion or an error.
 
 - **Pinning.** The first delta with seq 1 pins its generation. Before exposure, an ended marker of the pinned
@@ -31,10 +31,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from horde_contract.errors import RC
 from horde_core.chat_stream import StreamEntry
 
+from horde_oai.completion import build_system_fingerprint, completion_id
 from horde_oai.errors import OpenAIError
-from horde_oai.mapping import build_system_fingerprint, completion_id
 from horde_oai.metrics import (
     STREAM_PACING_LAG,
     STREAM_PIECES_PER_POST,
@@ -98,7 +99,7 @@ def stream_diverged_error(request_id: str) -> OpenAIError:
         502,
         "The reply was restarted after part of it was streamed, and the final reply does not continue the "
         "streamed text. Discard the streamed text of this choice.",
-        "ChatStreamDiverged",
+        RC.ChatStreamDiverged,
         type="api_error",
         metadata={"request_id": request_id},
     )
@@ -140,7 +141,9 @@ class DeltaRelay:
         self.sent_content = ""
         self.first_content_at: float | None = None
         self._lag_anchor: float | None = None  # when the delta whose pieces are pending was read
-        self._skip: tuple[int, int] | None = None  # a resume at "-": characters of the final reply already sent
+        self._skip: tuple[int, int] | None = (
+            None  # a resume at "-": characters of the final reply already sent
+        )
 
     # -- identity ----------------------------------------------------------------------------------------------
 
@@ -274,7 +277,9 @@ class DeltaRelay:
 
     # -- the end -----------------------------------------------------------------------------------------------
 
-    def finish(self, completion: Mapping[str, Any], *, include_usage: bool, now: float | None = None) -> list[str]:
+    def finish(
+        self, completion: Mapping[str, Any], *, include_usage: bool, now: float | None = None
+    ) -> list[str]:
         """Flush, reconcile with the final ``completion``, then the finish chunk, usage chunk and [DONE]."""
         now = time.time() if now is None else now
         events = self._flush(now)
@@ -318,7 +323,7 @@ class DeltaRelay:
 
     def fail(self, error: OpenAIError, now: float | None = None) -> list[str]:
         """Flush what is pending, then the error event (``metadata.retry_after`` mirrors a Retry-After) and
-        [DONE] (spec: Stream errors)."""
+        [DONE] (docs/openai-front.md#streaming)."""
         events = [] if self.ended else self._flush(time.time() if now is None else now)
         self.ended = True
         body = error.body()

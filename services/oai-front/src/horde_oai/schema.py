@@ -1,6 +1,6 @@
 """The front's request contract: screening, OpenAI-range validation and the request model.
 
-Spec: chat-front.md *Request keys* (Parameter screening, Model selection, Value and contract validation,
+See docs/openai-front.md#requests (Parameter screening, Model selection, Value and contract validation,
 Message roles). Screening runs in this order:
 
 1. :func:`find_refused_parameter` refuses unknown top-level keys, non-default values of
@@ -9,7 +9,7 @@ Message roles). Screening runs in this order:
 3. :func:`drop_unknown_nested_keys` removes unknown keys inside messages, tool definitions and tool_choice.
 
 :func:`validate_request` then validates the rest against :class:`ChatCompletionRequest` and OpenAI's ranges,
-and the front applies the rules it shares with the native route (horde_contract) in ``mapping``.
+and the front applies the rules it shares with the native route (horde_contract) in ``completions``.
 """
 
 from __future__ import annotations
@@ -23,15 +23,26 @@ from horde_contract import (
     MIN_CHAT_MAX_TOKENS,
     OPENAI_MAX_STOP_SEQUENCES,
     OPENAI_SAMPLING_RANGES,
-    ChatContractError,
+    SUPPORTED_MESSAGE_KEYS,
+    ChatHordeOptions,
+    HordeError,
+    parse_horde_options,
 )
-from horde_contract.request import ChatHordeOptions, parse_horde_options
+from horde_contract.errors import RC
+from horde_contract.messages import (
+    IMAGE_PART_KEYS,
+    IMAGE_URL_KEYS,
+    TEXT_PART_KEYS,
+    TOOL_CALL_FUNCTION_KEYS,
+    TOOL_CALL_KEYS,
+)
+from horde_contract.tools import TOOL_CHOICE_FUNCTION_KEYS, TOOL_CHOICE_KEYS, TOOL_FUNCTION_KEYS, TOOL_KEYS
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from horde_oai.errors import OpenAIError, bad_request
 
-UNSUPPORTED = "UnsupportedChatParameter"
-CONFLICT = "ChatRequestConflict"
+UNSUPPORTED = RC.UnsupportedChatParameter
+CONFLICT = RC.ChatRequestConflict
 
 # OpenAI keys the Horde does not apply, accepted only at their default (None is every key's default).
 DEFAULT_NO_OP_PARAMETERS: dict[str, tuple[Any, ...]] = {
@@ -107,23 +118,11 @@ COMMON_NON_OPENAI_SAMPLER_PARAMETERS = frozenset(
     }
 )
 
-SUPPORTED_ROLES = ("system", "developer", "user", "assistant", "tool")
-# Keys a message keeps, by role; others are dropped (tool_calls outside assistant is refused instead).
-SUPPORTED_MESSAGE_KEYS: dict[str, frozenset[str]] = {
-    "system": frozenset({"role", "content", "name"}),
-    "developer": frozenset({"role", "content", "name"}),
-    "user": frozenset({"role", "content", "name"}),
-    "assistant": frozenset({"role", "content", "name", "tool_calls"}),
-    "tool": frozenset({"role", "content", "tool_call_id"}),
-}
-PART_KEYS = {"text": frozenset({"type", "text"}), "image_url": frozenset({"type", "image_url"})}
-IMAGE_URL_KEYS = frozenset({"url", "detail"})
-TOOL_CALL_KEYS = frozenset({"id", "type", "function"})
-TOOL_CALL_FUNCTION_KEYS = frozenset({"name", "arguments"})
-TOOL_KEYS = frozenset({"type", "function"})
-TOOL_FUNCTION_KEYS = frozenset({"name", "description", "parameters", "strict"})
-TOOL_CHOICE_KEYS = frozenset({"type", "function"})
-TOOL_CHOICE_FUNCTION_KEYS = frozenset({"name"})
+# Keys a message keeps, by role (the contract's); others are dropped (tool_calls outside assistant is refused
+# instead).
+SUPPORTED_ROLES = tuple(SUPPORTED_MESSAGE_KEYS)
+# Keys a content part keeps, by type (the contract's).
+PART_KEYS = {"text": TEXT_PART_KEYS, "image_url": IMAGE_PART_KEYS}
 
 # Objects whose unknown keys are dropped (the OpenAPI document lets them carry other keys).
 KEY_DROPPING_MODELS = ("ChatMessage", "ContentPart", "ToolCall", "ToolDefinition", "ToolChoiceFunction")
@@ -318,7 +317,7 @@ class ChatCompletionRequest(_Strict):
     # Validated by horde_contract.parse_horde_options, the native route's own parser, not by this model.
     horde: ChatHordeOptions | None = None
     """AI Horde options OpenAI has no key for, validated with the native route's rules (see
-    [`ChatHordeOptions`][horde_contract.request.ChatHordeOptions]). `horde.operation_key`, when sent, is
+    [`ChatHordeOptions`][horde_contract.request_options.ChatHordeOptions]). `horde.operation_key`, when sent, is
     forwarded so a retried call is the same operation. `horde.dry_run` is not available through the front."""
 
 
@@ -427,6 +426,39 @@ def _keep(obj: Any, keys: frozenset[str]) -> Any:
     return obj
 
 
+def _keep_nested(obj: Any, keys: frozenset[str], nested: str, nested_keys: frozenset[str]) -> Any:
+    """``obj`` with only ``keys``, and its ``nested`` object (when one) with only ``nested_keys``."""
+    kept = _keep(obj, keys)
+    if isinstance(kept, dict) and isinstance(kept.get(nested), dict):
+        kept[nested] = _keep(kept[nested], nested_keys)
+    return kept
+
+
+def _drop_unknown_message_keys(message: Any) -> Any:
+    """A message of a supported role with only its role's keys, in its content parts and tool calls too."""
+    role = message.get("role") if isinstance(message, dict) else None
+    if not (isinstance(role, str) and role in SUPPORTED_MESSAGE_KEYS):
+        return message
+    kept = _keep(message, SUPPORTED_MESSAGE_KEYS[role])
+    content = kept.get("content")
+    if isinstance(content, list):
+        kept["content"] = [_drop_unknown_part_keys(part) for part in content]
+    calls = kept.get("tool_calls")
+    if isinstance(calls, list):
+        kept["tool_calls"] = [
+            _keep_nested(call, TOOL_CALL_KEYS, "function", TOOL_CALL_FUNCTION_KEYS) for call in calls
+        ]
+    return kept
+
+
+def _drop_unknown_part_keys(part: Any) -> Any:
+    kind = part.get("type") if isinstance(part, dict) else None
+    if not (isinstance(kind, str) and kind in PART_KEYS):
+        return part
+    # Only an image part keeps an image_url object, so only its own keys are filtered.
+    return _keep_nested(part, PART_KEYS[kind], "image_url", IMAGE_URL_KEYS)
+
+
 def drop_unknown_nested_keys(body: dict[str, Any]) -> dict[str, Any]:
     """Step 3: drop unknown keys inside messages, tool definitions and tool_choice (Message roles).
 
@@ -436,50 +468,14 @@ def drop_unknown_nested_keys(body: dict[str, Any]) -> dict[str, Any]:
     out = dict(body)
     messages = out.get("messages")
     if isinstance(messages, list):
-        kept_messages = []
-        for message in messages:
-            role = message.get("role") if isinstance(message, dict) else None
-            if isinstance(role, str) and role in SUPPORTED_MESSAGE_KEYS:
-                kept = _keep(message, SUPPORTED_MESSAGE_KEYS[message["role"]])
-                content = kept.get("content")
-                if isinstance(content, list):
-                    parts = []
-                    for part in content:
-                        kind = part.get("type") if isinstance(part, dict) else None
-                        if isinstance(kind, str) and kind in PART_KEYS:
-                            part = _keep(part, PART_KEYS[part["type"]])
-                            if part.get("type") == "image_url" and isinstance(part.get("image_url"), dict):
-                                part["image_url"] = _keep(part["image_url"], IMAGE_URL_KEYS)
-                        parts.append(part)
-                    kept["content"] = parts
-                calls = kept.get("tool_calls")
-                if isinstance(calls, list):
-                    new_calls = []
-                    for call in calls:
-                        call = _keep(call, TOOL_CALL_KEYS)
-                        if isinstance(call, dict) and isinstance(call.get("function"), dict):
-                            call["function"] = _keep(call["function"], TOOL_CALL_FUNCTION_KEYS)
-                        new_calls.append(call)
-                    kept["tool_calls"] = new_calls
-                kept_messages.append(kept)
-            else:
-                kept_messages.append(message)
-        out["messages"] = kept_messages
+        out["messages"] = [_drop_unknown_message_keys(message) for message in messages]
     tools = out.get("tools")
     if isinstance(tools, list):
-        new_tools = []
-        for tool in tools:
-            tool = _keep(tool, TOOL_KEYS)
-            if isinstance(tool, dict) and isinstance(tool.get("function"), dict):
-                tool["function"] = _keep(tool["function"], TOOL_FUNCTION_KEYS)
-            new_tools.append(tool)
-        out["tools"] = new_tools
-    choice = out.get("tool_choice")
-    if isinstance(choice, dict):
-        choice = _keep(choice, TOOL_CHOICE_KEYS)
-        if isinstance(choice.get("function"), dict):
-            choice["function"] = _keep(choice["function"], TOOL_CHOICE_FUNCTION_KEYS)
-        out["tool_choice"] = choice
+        out["tools"] = [_keep_nested(tool, TOOL_KEYS, "function", TOOL_FUNCTION_KEYS) for tool in tools]
+    if isinstance(out.get("tool_choice"), dict):
+        out["tool_choice"] = _keep_nested(
+            out["tool_choice"], TOOL_CHOICE_KEYS, "function", TOOL_CHOICE_FUNCTION_KEYS
+        )
     return out
 
 
@@ -493,7 +489,7 @@ def _path(loc: tuple[Any, ...]) -> str:
             out += f"[{part}]"
         else:
             # Locations use the field aliases (json_schema's "schema"), so a "schema_" here is a key the client
-            # sent: an unknown key at its own path (spec: Parameter screening).
+            # sent: an unknown key at its own path (docs/openai-front.md#requests).
             out += f".{part}" if out else str(part)
     return out
 
@@ -679,7 +675,7 @@ def validate_request(body: Any) -> tuple[ChatCompletionRequest, Screened]:
     check_openai_ranges(screened)
     try:
         horde = parse_horde_options(screened.get("horde"))
-    except ChatContractError as exc:
+    except HordeError as exc:
         raise contract_error(exc) from None
     try:
         request = ChatCompletionRequest.model_validate({**screened, "horde": None})
@@ -690,7 +686,7 @@ def validate_request(body: Any) -> tuple[ChatCompletionRequest, Screened]:
     return request, screened
 
 
-def contract_error(exc: ChatContractError) -> OpenAIError:
+def contract_error(exc: HordeError) -> OpenAIError:
     """A shared-rule refusal with the path as ``param``.
 
     OpenAI's own messages (a sentence) are sent as they are, since they hold the parameter; a contract

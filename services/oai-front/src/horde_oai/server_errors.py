@@ -1,4 +1,4 @@
-"""An unhandled exception as OpenAI's 500, inside CORS (spec: chat-front.md *Browser access*).
+"""An unhandled exception as OpenAI's 500, inside CORS (docs/openai-front.md#routes).
 
 Starlette answers an unhandled exception in its outermost ``ServerErrorMiddleware``, outside every middleware an
 app adds, so that 500 would go out without the CORS headers a browser client needs to read it. The front adds
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 
+from horde_contract.errors import RC
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from horde_oai.errors import OpenAIError
@@ -23,7 +24,7 @@ INTERNAL_ERROR_MESSAGE = "The server had an error while processing your request.
 
 def internal_server_error() -> OpenAIError:
     """500 api_error InternalServerError, OpenAI's message for a server error."""
-    return OpenAIError(500, INTERNAL_ERROR_MESSAGE, "InternalServerError")
+    return OpenAIError(500, INTERNAL_ERROR_MESSAGE, RC.InternalServerError)
 
 
 class UnhandledErrorMiddleware:

@@ -1,6 +1,6 @@
 """Settings of the OpenAI-compatible front (``HORDE_OAI_*`` beside the shared ``HORDE_*``).
 
-Spec: chat-front.md (budgets, grace, cancel retries); ARCHITECTURE.md (the front talks to admission over HTTP
+See docs/openai-front.md (budgets, grace, cancel retries); README.md#architecture (the front talks to admission over HTTP
 and reads Redis for signals).
 """
 
@@ -38,15 +38,16 @@ class OaiSettings(HordeSettings):
     oai_cancel_retry_seconds: float = Field(default=30.0, gt=0)
     # Logical database of the progress streams (the chat signal database, where the horde writes them).
     oai_stream_redis_db: int = Field(default=7, ge=0)
-    # Pacing of relayed deltas (spec: Pacing): the longest window a delta's pieces are spread over (0 sends each
+    # Pacing of relayed deltas (docs/openai-front.md#streaming): the longest window a delta's pieces are spread over (0 sends each
     # delta as it arrives), and the most pieces per second of a window.
     oai_delta_pacing_max_window_seconds: float = Field(default=2.0, ge=0)
     oai_delta_pacing_max_chunks_per_second: float = Field(default=20.0, gt=0)
     # How long a dropped relayed stream waits for its client to resume it (Last-Event-ID) before the front
     # cancels the request. 0 cancels at once.
     oai_stream_resume_grace_seconds: float = Field(default=3.0, ge=0)
-    # How long the request of a client that left waits for a retry of the same call (README: Retries and
-    # idempotency) before the front cancels it. The OpenAI SDKs retry a dropped connection within 0.5 to 8 s.
+    # How long the request of a client that left waits for a retry of the same call
+    # (docs/openai-front.md#retries-and-idempotency) before the front cancels it. The OpenAI SDKs retry a
+    # dropped connection within 0.5 to 8 s.
     # Needs Redis; 0 cancels at once.
     oai_retry_grace_seconds: float = Field(default=10.0, ge=0)
     # Largest body the front reads (the native MAX_CHAT_BODY_BYTES); larger returns 413.

@@ -1,4 +1,4 @@
-"""Server-sent events of a streamed request (spec: chat-front.md *Buffered stream events*).
+"""Server-sent events of a streamed request (docs/openai-front.md#streaming).
 
 A buffered stream sends the whole reply once the request is done: the role chunk, a reasoning chunk, a
 content chunk, a tool-call chunk (each only when present), the finish chunk with ``finish_reason``,

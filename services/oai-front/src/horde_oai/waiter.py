@@ -1,9 +1,11 @@
-"""Waiting for a native chat request to end (spec: chat-front.md *Completion without a generation*,
-*No eligible worker*, *Fail-fast admission*, *Queue position refresh*; chat-requests.md *Completion signal*).
+"""Waiting for a native chat request to end (docs/openai-front.md#errors,
+#no-eligible-worker, #choices; docs/native-api.md#completion-signal).
 
 :class:`ChatWait` subscribes to the request's signal channel, reads the status once after subscribing, then
 re-reads it at every signal and every ``signal_recheck_seconds`` until the request is done with a reply,
-faulted, impossible, or out of budget. Every refusal cancels the native request first.
+faulted, impossible, or out of budget. Every refusal cancels the native request first. When to read, sleep,
+time out, cancel, finish or fault is decided by :func:`horde_oai.wait_rules.next_action`; this module does
+the I/O and builds the errors.
 """
 
 from __future__ import annotations
@@ -12,24 +14,24 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from horde_contract.errors import RC
+from horde_core.signals import SignalHub
+
+from horde_oai import wait_rules as rules
 from horde_oai.cancels import CancelManager
 from horde_oai.errors import OpenAIError, no_eligible_worker
 from horde_oai.horde_client import HordeClient
-from horde_oai.mapping import declaration_gap_error, finished_generations, is_size_only_gap, map_native_error
-from horde_oai.signals import SignalHub
+from horde_oai.native_errors import declaration_gap_error, is_size_only_gap, map_native_error
 
 log = logging.getLogger(__name__)
 
-# The first status with queue information is awaited this long for the fail-fast wait check.
-POSITIONED_READ_WAIT_SECONDS = 2.0
 # Retry-After of a queue_unavailable refusal never exceeds this: the online pool changes minute to minute.
 QUEUE_UNAVAILABLE_RETRY_AFTER_CAP_SECONDS = 60
 # Status reads the Horde may leave unanswered in a row before the wait gives up with 502 HordeUnavailable.
 MAX_UNANSWERED_READS = 3
-UNANSWERED: dict[str, Any] = {"unanswered": True}
 
 
 @dataclass
@@ -49,14 +51,6 @@ class WaitTrace:
     fault_signal: dict[str, Any] = field(default_factory=dict)
 
 
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-def _has_progress(status: Mapping[str, Any]) -> bool:
-    return _int(status.get("processing")) > 0 or bool(finished_generations(status))
-
-
 def faulted_error(
     request_id: str, status: Mapping[str, Any] | None, signal: Mapping[str, Any]
 ) -> OpenAIError:
@@ -74,7 +68,7 @@ def faulted_error(
     if reason:
         metadata["fault_reason"] = reason
     return OpenAIError(
-        502, message, "ChatRequestFaulted", metadata=metadata, headers={"x-should-retry": "false"}
+        502, message, RC.ChatRequestFaulted, metadata=metadata, headers={"x-should-retry": "false"}
     )
 
 
@@ -83,7 +77,7 @@ def no_generation_error(request_id: str) -> OpenAIError:
     return OpenAIError(
         502,
         "The AI Horde finished the request without a reply to deliver; it was cancelled.",
-        "ChatRequestNoGeneration",
+        RC.ChatRequestNoGeneration,
         metadata={"request_id": request_id},
     )
 
@@ -94,7 +88,7 @@ def timeout_error(request_id: str, budget: float) -> OpenAIError:
         408,
         f"The request did not complete within {budget:g} seconds and was cancelled. No worker finished it in "
         "time; retry later or lower max_tokens.",
-        "ChatRequestTimeout",
+        RC.ChatRequestTimeout,
         metadata={"request_id": request_id},
     )
 
@@ -158,6 +152,8 @@ class ChatWait:
         self.submitted_at = submitted_at
         self.budget = budget
         self.deadline = submitted_at + budget
+        # The same deadline on the monotonic clock the wait's decisions use.
+        self._deadline = time.monotonic() + (self.deadline - time.time())
         self.client = client
         self.hub = hub
         self.cancels = cancels
@@ -178,7 +174,7 @@ class ChatWait:
         for a lost signal) waits until ``recheck_seconds`` pass without progress. A relayed stream calls this
         for every batch, which spares a front holding many streams most of its status reads; the signals
         still end the wait at once."""
-        self._progress_until = time.time() + self.recheck_seconds
+        self._progress_until = time.monotonic() + self.recheck_seconds
 
     async def cancel(self) -> None:
         """Cancel the native request once (retried in the background when it fails)."""
@@ -190,10 +186,10 @@ class ChatWait:
         await self.cancel()
         return error
 
-    async def _read(self) -> dict[str, Any] | None:
-        """The status; None when the Horde no longer holds the request (404); :data:`UNANSWERED` for a read
+    async def _read(self) -> rules.Seen:
+        """The status; None when the Horde no longer holds the request (404); :data:`~horde_oai.wait_rules.UNANSWERED` for a read
         the Horde left unanswered (transport error, 5xx, 429), tolerated :data:`MAX_UNANSWERED_READS` - 1
-        times in a row (spec: Stream errors). Past that, and on any other refusal, the request is cancelled
+        times in a row (docs/openai-front.md#streaming). Past that, and on any other refusal, the request is cancelled
         and the error raised: it must not run on and be charged for a reply nobody waits for."""
         try:
             response = await self.client.status(self.request_id)
@@ -202,7 +198,9 @@ class ChatWait:
         if response.status == 404:
             return None
         if not response.ok:
-            error = map_native_error(response.status, response.body, models=self.models, headers=response.headers)
+            error = map_native_error(
+                response.status, response.body, models=self.models, headers=response.headers
+            )
             if response.status >= 500 or response.status == 429:
                 return await self._unanswered(error)
             raise await self._refuse(error)
@@ -213,12 +211,12 @@ class ChatWait:
             self.trace.context_adjustments = list(body["context_adjustments"])
         return body
 
-    async def _unanswered(self, error: OpenAIError) -> dict[str, Any]:
+    async def _unanswered(self, error: OpenAIError) -> rules.Seen:
         self._unanswered_reads += 1
         log.warning("status read unanswered", extra={"request_id": self.request_id, "code": error.code})
         if self._unanswered_reads >= MAX_UNANSWERED_READS:
             raise await self._refuse(error)
-        return UNANSWERED
+        return rules.UNANSWERED
 
     async def _gap_error(self, gap: Mapping[str, Any]) -> OpenAIError:
         entries: Mapping[str, Mapping[str, Any]] = {}
@@ -244,89 +242,63 @@ class ChatWait:
             await self.hub.unsubscribe(sub)
 
     async def _loop(self, sub: Any) -> dict[str, Any]:
-        impossible_since: float | None = None
-        saw_done_without_generation = False
-        cancelled_signal = False
-        first_read_at: float | None = None
-        fail_fast_pending = self.fail_fast
+        """Perform the actions :func:`~horde_oai.wait_rules.next_action` decides, from the first read on."""
+        state = rules.WaitState(
+            deadline=self._deadline,
+            recheck_seconds=self.recheck_seconds,
+            grace_seconds=self.grace_seconds,
+            fail_fast_pending=self.fail_fast,
+        )
+        seen: rules.Seen = await self._read()
         while True:
-            status = await self._read()
-            now = time.time()
-            if status is UNANSWERED:
-                remaining = self.deadline - now
-                if remaining <= 0:
-                    raise TimeoutError
-                event = await sub.wait(min(self.recheck_seconds, remaining))
-                if event is not None:
-                    self._note_event(event)
-                continue
-            if status is None:
-                # Expired or removed: a faulted signal may have said why.
-                raise faulted_error(self.request_id, None, self.trace.fault_signal)
-            if first_read_at is None:
-                first_read_at = now
-                self.trace.first_read_wait_time = status.get("wait_time")
-                self.trace.first_read_eligible_worker_threads = status.get("eligible_worker_threads")
-            if status.get("faulted"):
-                raise faulted_error(self.request_id, status, self.trace.fault_signal)
-            finished = finished_generations(status)
-            waiting, processing = _int(status.get("waiting")), _int(status.get("processing"))
-            if finished and (status.get("done") or (waiting == 0 and processing == 0)):
+            if isinstance(seen, Mapping) and state.first_read_at is None:
+                self.trace.first_read_wait_time = seen.get("wait_time")
+                self.trace.first_read_eligible_worker_threads = seen.get("eligible_worker_threads")
+            action = rules.next_action(
+                seen, replace(state, progress_until=self._progress_until), time.monotonic()
+            )
+            state = action.state
+            self.trace.done_without_generation_reads = state.done_without_generation_reads
+            if state.passed:
                 self.first_read_passed.set()
-                return status
-            if status.get("done") and not finished:
-                if waiting or processing:
-                    pass  # still running: not the end
-                elif saw_done_without_generation or cancelled_signal:
-                    self.trace.done_without_generation_reads += 1
-                    raise await self._refuse(no_generation_error(self.request_id))
-                else:
-                    self.trace.done_without_generation_reads += 1
-                    saw_done_without_generation = True
-            # Availability: is_possible false with nothing running.
-            if status.get("is_possible") is False and not _has_progress(status):
-                gap = status.get("impossible_reason")
-                if isinstance(gap, Mapping) and gap.get("kind") == "declaration_gap":
-                    raise await self._gap_error(gap)
-                impossible_since = impossible_since or now
-                if now - impossible_since >= self.grace_seconds:
-                    raise await self._refuse(
-                        no_eligible_worker(
-                            "No worker is currently able to serve this request; it was cancelled. Retry later.",
-                            stage="grace",
-                            request_id=self.request_id,
-                        )
-                    )
-            else:
-                impossible_since = None
-            if fail_fast_pending and not _has_progress(status):
-                error = self._fail_fast_check(status, now, first_read_at)
-                if error is not None:
-                    raise await self._refuse(error)
-                if error is None and self._positioned(status, now, first_read_at):
-                    fail_fast_pending = False
-            else:
-                fail_fast_pending = False
-            if not fail_fast_pending:
-                self.first_read_passed.set()
-            remaining = self.deadline - time.time()
-            if remaining <= 0:
+            if isinstance(action, rules.Read):
+                seen = await self._read()
+            elif isinstance(action, rules.Sleep):
+                event = await sub.wait(action.seconds)
+                seen = rules.NO_SIGNAL if event is None else rules.Signal(cancelled=self._note_event(event))
+            elif isinstance(action, rules.Finish):
+                assert isinstance(seen, dict)
+                return seen
+            elif isinstance(action, rules.Fault):
+                raise faulted_error(self.request_id, action.status, self.trace.fault_signal)
+            elif isinstance(action, rules.TimeOut):
                 raise TimeoutError
-            wait_for = min(self.recheck_seconds, remaining)
-            if fail_fast_pending:
-                wait_for = min(wait_for, 0.25)
-            if impossible_since is not None:
-                wait_for = min(wait_for, max(0.05, impossible_since + self.grace_seconds - time.time()))
-            event = await sub.wait(wait_for)
-            while event is None and not fail_fast_pending and impossible_since is None:
-                quiet_until = min(self._progress_until, self.deadline)
-                if quiet_until <= time.time():
-                    break
-                event = await sub.wait(quiet_until - time.time())
-            if event is not None:
-                cancelled_signal = self._note_event(event) or cancelled_signal
-            elif time.time() >= self.deadline:
-                raise TimeoutError
+            else:
+                raise await self._cancel_error(action)
+
+    async def _cancel_error(self, action: rules.Cancel) -> OpenAIError:
+        """Cancel the request; the refusal :class:`~horde_oai.wait_rules.Cancel` names."""
+        if action.reason == "declaration_gap":
+            assert action.gap is not None
+            return await self._gap_error(action.gap)
+        if action.reason == "no_generation":
+            return await self._refuse(no_generation_error(self.request_id))
+        if action.reason == "no_eligible_worker":
+            return await self._refuse(
+                no_eligible_worker(
+                    "No worker is currently able to serve this request; it was cancelled. Retry later.",
+                    stage="grace",
+                    request_id=self.request_id,
+                )
+            )
+        self.trace.queue_reason = action.reason
+        self.trace.eligible_worker_threads = action.threads
+        self.trace.wait_time = action.wait_time
+        return await self._refuse(
+            queue_unavailable_error(
+                self.request_id, action.reason, action.threads, action.wait_time, action.remaining
+            )
+        )
 
     def _note_event(self, event: Mapping[str, Any]) -> bool:
         """Record a signal; True for a cancelled event."""
@@ -338,34 +310,3 @@ class ChatWait:
         if kind == "faulted":
             self.trace.fault_signal = {k: event.get(k) for k in ("fault_reason", "fault_rc")}
         return kind == "cancelled"
-
-    @staticmethod
-    def _positioned(status: Mapping[str, Any], now: float, first_read_at: float) -> bool:
-        has_queue_info = (_int(status.get("queue_position")) > 0) or (
-            isinstance(status.get("wait_time"), int | float) and status["wait_time"] > 0
-        )
-        return has_queue_info or now - first_read_at >= POSITIONED_READ_WAIT_SECONDS
-
-    def _fail_fast_check(
-        self, status: Mapping[str, Any], now: float, first_read_at: float
-    ) -> OpenAIError | None:
-        threads = status.get("eligible_worker_threads")
-        remaining = self.deadline - now
-        if isinstance(threads, int) and not isinstance(threads, bool) and threads == 0:
-            self.trace.queue_reason = "no_eligible_threads"
-            self.trace.eligible_worker_threads = threads
-            self.trace.wait_time = status.get("wait_time")
-            return queue_unavailable_error(
-                self.request_id, "no_eligible_threads", threads, status.get("wait_time"), remaining
-            )
-        if not self._positioned(status, now, first_read_at):
-            return None
-        wait_time = status.get("wait_time")
-        if isinstance(wait_time, int | float) and not isinstance(wait_time, bool) and wait_time > remaining:
-            self.trace.queue_reason = "wait_exceeds_budget"
-            self.trace.eligible_worker_threads = threads
-            self.trace.wait_time = wait_time
-            return queue_unavailable_error(
-                self.request_id, "wait_exceeds_budget", threads, wait_time, remaining
-            )
-        return None

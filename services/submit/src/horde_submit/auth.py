@@ -1,17 +1,10 @@
-"""The worker owner's key check of submit and progress (text path §4: 401 InvalidAPIKey, 403 WrongCredentials)."""
+"""The worker owner's key check of submit and progress (docs/native-api.md#submit: 401 InvalidAPIKey, 403 WrongCredentials)."""
 
 from __future__ import annotations
 
-from horde_contract.errors import RC
-from horde_core.errors import HordeError
+from horde_contract.refusals import invalid_api_key_error, wrong_credentials_error
+from horde_store.db import Conn
 from horde_store.users import authenticate, hash_api_key
-
-from horde_submit.generations import Conn
-
-INVALID_API_KEY_MESSAGE = (
-    "No user matching sent API Key. Have you remembered to register at https://stablehorde.net/register ?"
-)
-WRONG_CREDENTIALS_MESSAGE = "Wrong credentials to submit as this worker."
 
 
 async def authenticate_owner(
@@ -29,6 +22,6 @@ async def authenticate_owner(
         return
     user = await authenticate(conn, apikey, salt, shared_keys=False) if apikey else None
     if user is None:
-        raise HordeError(401, RC.InvalidAPIKey, INVALID_API_KEY_MESSAGE)
+        raise invalid_api_key_error(register_page=True)
     if int(user.id) != int(owner_id):
-        raise HordeError(403, RC.WrongCredentials, WRONG_CREDENTIALS_MESSAGE)
+        raise wrong_credentials_error()

@@ -1,7 +1,7 @@
 """The request bodies of submit's routes, read by horde_core's one body reader within each route's bounds
-(issue 9, bounded parsing): ``text/submit`` within SUBMIT_BODY_LIMITS (8 MiB, the largest legal reply),
+(bounded parsing): ``text/submit`` within SUBMIT_BODY_LIMITS (8 MiB, the largest legal reply),
 ``text/progress`` within PROGRESS_BODY_LIMITS (2 MiB). NUL is kept: submit replaces it in every stored
-string (spec: *Structured submit*), and progress relays it as the submit stores it.
+string (docs/native-api.md#submit), and progress relays it as the submit stores it.
 """
 
 from __future__ import annotations
@@ -9,9 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import Request
-from horde_contract import RC, ChatContractError
+from horde_contract import RC, HordeError
 from horde_core import body as body_reader
-from horde_core.errors import HordeError
 
 
 def _invalid(message: str) -> HordeError:
@@ -37,10 +36,10 @@ async def read_submit_body(
     except body_reader.BodyTooLarge as exc:
         raise (too_large or HordeError(413, RC.RequestTooLarge, str(exc))) from None
     except body_reader.BodyReadTimeout as exc:
-        raise HordeError(408, "RequestBodyTimeout", str(exc)) from None
+        raise HordeError(408, RC.RequestBodyTimeout, str(exc)) from None
     except body_reader.InvalidContentLength as exc:
         raise _invalid(str(exc)) from None
     except body_reader.JsonStructureError as exc:
         raise _invalid(f"body: {exc.message}") from None
-    except ChatContractError as exc:
+    except HordeError as exc:
         raise _invalid(f"body: {exc.message}") from None

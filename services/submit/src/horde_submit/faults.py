@@ -1,9 +1,9 @@
-"""Fault rules shared by the faulted submit and ``SettlementService.FaultGeneration`` (spec: **Structured
-submit**, **Job lease**; text path §7, §14).
+"""Fault rules shared by the faulted submit and ``SettlementService.FaultGeneration`` (see
+docs/native-api.md#submit, #job-lease; docs/native-api.md#expiry, #text-route).
 
 A fault and the job's restart commit together; the request faults once more than FAULTED_GENERATIONS_LIMIT (2)
 of its generations faulted, and a chat request then publishes ``faulted`` with its stored fault reason and rc,
-after the commit. A restarted job is announced to the waiting pops after the commit (README: Long-poll pop).
+after the commit. A restarted job is announced to the waiting pops after the commit (docs/worker-guide.md#long-poll).
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ import asyncpg
 import redis.asyncio as redis
 from horde_core import queue_announce
 from horde_core.chat_stream import end_stream
+from horde_core.metrics import flag, size_bucket
+from horde_core.signals import ChatSignal, publish_chat_signals
 
 from horde_submit import generations as gens
-from horde_submit.metrics import GATE_SHADOW_OUTCOMES, flag, size_bucket
-from horde_submit.signals import ChatSignal, publish
+from horde_submit.metrics import GATE_SHADOW_OUTCOMES
 
 
 async def apply_fault(
@@ -51,7 +52,7 @@ async def apply_fault(
     if result.streamed and result.wp_id is not None:
         await end_stream(signal, str(result.wp_id), str(generation_id))
     if result.request_faulted and result.is_chat and result.wp_id is not None:
-        await publish(
+        await publish_chat_signals(
             signal,
             [
                 ChatSignal(

@@ -1,7 +1,7 @@
 """SQL of the submit stage: read a generation's context, claim it, settle it, record refusals and faults.
 
 Every function takes an asyncpg connection; the caller owns transactions. Statements are few and wide (one
-CTE where it can) after the text path's performance lessons (ai-horde-text-path.md §15).
+CTE where it can): round trips, not statement cost, bound submit's throughput (bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-import asyncpg
-from asyncpg.pool import PoolConnectionProxy
+from horde_contract.errors import RC
 from horde_contract.limits import (
     CHAT_REQUEST_EXPIRY_SECONDS,
     FAULTED_GENERATIONS_LIMIT,
     MAX_CHAT_FAULT_REASON_LENGTH,
 )
+from horde_store.db import Conn
 
 #: ``log_aborted_job``: more aborted jobs than this within an hour put the worker into maintenance.
 DROPPED_JOB_THRESHOLD = 20
@@ -25,10 +25,7 @@ DROPPED_JOB_WINDOW_SECONDS = 3600
 DROPPED_JOBS_MAINTENANCE_MESSAGE = (
     "This worker has been put into maintenance mode because it dropped too many jobs within an hour."
 )
-NONCONFORMANT_RC = "ChatSubmitNonconformant"
-
-#: A connection, or one borrowed from a pool.
-Conn = asyncpg.Connection | PoolConnectionProxy
+NONCONFORMANT_RC = RC.ChatSubmitNonconformant.value
 
 
 def parse_uuid(value: Any) -> uuid.UUID | None:
@@ -83,8 +80,8 @@ class GenerationContext:
     def cancel_settles(self) -> bool:
         """A pending, real generation of a cancelled request that streams progress.
 
-        The cancel settles such a generation on the content its worker posted and faults it as cancelled (spec:
-        **Pricing**, **Streaming progress**); when the cancel's settlement call did not get through, whichever
+        The cancel settles such a generation on the content its worker posted and faults it as cancelled (see
+        docs/native-api.md#pricing, #progress); when the cancel's settlement call did not get through, whichever
         of the worker's submit, its fault, the lapse of its lease or the janitor's sweep reaches it first
         settles it the same way, so the worker is paid for what it posted and never counted as having dropped
         the job.
@@ -93,7 +90,7 @@ class GenerationContext:
 
     @property
     def aborted(self) -> bool:
-        """A reply to this generation is refused with AbortedGen (spec: **Structured submit**, **Job lease**):
+        """A reply to this generation is refused with AbortedGen (docs/native-api.md#submit, #job-lease):
         it is faulted (its lease lapsed, the worker faulted it, or the cancel settled it), or it is still
         pending but its request is past its expiry (the pop refreshes the expiry to 20 minutes ahead and a
         lease lasts at most 600 s, so such a lease lapsed long ago)."""
@@ -179,7 +176,7 @@ RETURNING wp.id
 
 
 async def record_chat_refusal(conn: Conn, generation_id: uuid.UUID, rc: str, message: str) -> bool:
-    """Store a refused reply (spec: **Refusal record and worker counters**): the request's chat_fault_reason
+    """Store a refused reply (docs/native-api.md#refusal-record): the request's chat_fault_reason
     (cut to 1000 characters) and chat_fault_rc, and the generation's chat_refusal_rc, in one statement that
     writes only while the generation is pending. True when it wrote."""
     row = await conn.fetchrow(_RECORD_REFUSAL_SQL, generation_id, rc, message[:MAX_CHAT_FAULT_REASON_LENGTH])
@@ -196,7 +193,7 @@ RETURNING wp.id
 
 
 async def record_chat_worker_fault(conn: Conn, generation_id: uuid.UUID, message: str, rc: str) -> bool:
-    """Store a worker's known fault reason on the request (spec: **Worker fault reasons**), only while the
+    """Store a worker's known fault reason on the request (docs/native-api.md#worker-fault-reasons), only while the
     generation is pending and no refusal of its reply was stored. True when it wrote."""
     row = await conn.fetchrow(
         _RECORD_WORKER_FAULT_SQL, generation_id, message[:MAX_CHAT_FAULT_REASON_LENGTH], rc
@@ -209,7 +206,7 @@ async def record_chat_worker_fault(conn: Conn, generation_id: uuid.UUID, message
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """The columns the compare-and-set writes, all in one statement (spec: **Structured submit**)."""
+    """The columns the compare-and-set writes, all in one statement (docs/native-api.md#submit)."""
 
     generation: str
     message: dict[str, Any] | None
@@ -252,7 +249,38 @@ class ClaimResult:
     generations: int = 0
 
 
-_CLAIM_SQL = """
+def _paid_ctes(source: str, *, owner: str, requester: str, owner_kudos: str, charge: str, escrow: str) -> str:
+    """The ``locked``, ``paid`` and ``keyed`` CTEs of a settling statement, skipped for a fake generation.
+
+    ``source`` names the CTE holding the settled generation (its ``wp_id`` and ``fake``); the others are the
+    statement's parameters (``$N``): the worker owner's and the requester's user ids, the owner's kudos and
+    escrow (evaluating kudos) and the requester's charge. The two user rows are locked in id order, the owner
+    paid and the requester charged; a request sent with a shared key spends it as well: the key is debited the
+    charge, floored at 0, and counts it as utilized; an unlimited key (-1) stays unlimited.
+    """
+    return f"""locked AS (
+    SELECT u.id FROM users u, {source}
+     WHERE u.id IN ({owner}, {requester}) AND NOT {source}.fake
+     ORDER BY u.id FOR UPDATE OF u
+), paid AS (
+    UPDATE users u
+       SET kudos = u.kudos + CASE WHEN u.id = {owner} THEN {owner_kudos}::float8 ELSE 0 END
+                           - CASE WHEN u.id = {requester} THEN {charge}::float8 ELSE 0 END,
+           evaluating_kudos = u.evaluating_kudos + CASE WHEN u.id = {owner} THEN {escrow}::float8 ELSE 0 END
+      FROM locked WHERE u.id = locked.id
+    RETURNING u.id
+), keyed AS (
+    UPDATE user_shared_keys k
+       SET kudos = CASE WHEN k.kudos < 0 THEN k.kudos ELSE greatest(k.kudos - {charge}::float8, 0) END,
+           utilized = k.utilized + {charge}::float8
+      FROM {source}, waiting_prompts r
+     WHERE r.id = {source}.wp_id AND k.id = r.shared_key_id AND NOT {source}.fake
+    RETURNING k.id
+)"""
+
+
+_CLAIM_SQL = (
+    """
 WITH claim AS (
     UPDATE processing_gens g
        SET generation = $2, message = $3::jsonb, finish_reason = $4, native_finish_reason = $5,
@@ -273,7 +301,7 @@ WITH claim AS (
       FROM claim WHERE w.id = claim.wp_id AND NOT claim.fake
     RETURNING w.id
 ), recent AS (
-    -- The newest 19 samples: with this one, workers.speed is the mean of the newest 20 (text path §4).
+    -- The newest 19 samples: with this one, workers.speed is the mean of the newest 20 (docs/native-api.md#kudos).
     SELECT p.performance FROM worker_performances p, claim
      WHERE p.worker_id = claim.worker_id AND NOT claim.fake
      ORDER BY p.created DESC LIMIT 19
@@ -292,27 +320,9 @@ WITH claim AS (
     INSERT INTO model_performances (model, performance)
     SELECT $23, $16::float8 FROM claim WHERE NOT claim.fake
     RETURNING 1
-), locked AS (
-    SELECT u.id FROM users u, claim
-     WHERE u.id IN ($17, $18) AND NOT claim.fake
-     ORDER BY u.id FOR UPDATE OF u
-), paid AS (
-    UPDATE users u
-       SET kudos = u.kudos + CASE WHEN u.id = $17 THEN $19::float8 ELSE 0 END
-                           - CASE WHEN u.id = $18 THEN $14::float8 ELSE 0 END,
-           evaluating_kudos = u.evaluating_kudos + CASE WHEN u.id = $17 THEN $21::float8 ELSE 0 END
-      FROM locked WHERE u.id = locked.id
-    RETURNING u.id
-), keyed AS (
-    -- A request sent with a shared key spends it as well (text path §4 Money, §5): the key is debited the
-    -- charge, floored at 0, and counts it as utilized; an unlimited key (-1) stays unlimited.
-    UPDATE user_shared_keys k
-       SET kudos = CASE WHEN k.kudos < 0 THEN k.kudos ELSE greatest(k.kudos - $14::float8, 0) END,
-           utilized = k.utilized + $14::float8
-      FROM claim, waiting_prompts r
-     WHERE r.id = claim.wp_id AND k.id = r.shared_key_id AND NOT claim.fake
-    RETURNING k.id
-), state AS (
+), """
+    + _paid_ctes("claim", owner="$17", requester="$18", owner_kudos="$19", charge="$14", escrow="$21")
+    + """, state AS (
     -- Only for a single-job request ($24): its completion read from this statement's snapshot is exact,
     -- since no other generation of it can be pending (see claim_and_settle).
     SELECT w.n, w.jobs, w.cancelled,
@@ -343,6 +353,7 @@ SELECT (SELECT count(*) FROM claim) AS claimed,
      + (SELECT count(*) FROM paid) + (SELECT count(*) FROM held) + (SELECT count(*) FROM released)
      + (SELECT count(*) FROM keyed) AS touched
 """
+)
 
 # A fresh statement (and so a fresh snapshot) after the claim: a concurrent submit of the same request waits
 # on the request row the claim statement updated, so this count sees every committed result.
@@ -528,7 +539,7 @@ async def fault_and_restart(conn: Conn, generation_id: uuid.UUID) -> FaultResult
     faulted (or the generation was a fake one, which never took a job), update the worker's counters, and fault the request past FAULTED_GENERATIONS_LIMIT; all inside the
     caller's transaction, so the fault and the restart commit together.
 
-    Worker counters (spec: **Refusal record and worker counters**): a generation whose reply was refused as
+    Worker counters (docs/native-api.md#refusal-record): a generation whose reply was refused as
     ChatSubmitNonconformant increments nonconformant_replies; any other increments aborted_jobs (the hourly
     window of ``log_aborted_job``, which puts the worker into maintenance past 20) and uncompleted_jobs.
     Returns ``faulted=False`` when the generation was not pending.
@@ -565,7 +576,8 @@ async def fault_and_restart(conn: Conn, generation_id: uuid.UUID) -> FaultResult
 
 # --- Cancelled streamed generations ----------------------------------------------------------------------
 
-_SETTLE_CANCELLED_SQL = """
+_SETTLE_CANCELLED_SQL = (
+    """
 WITH g AS (
     UPDATE processing_gens
        SET faulted = true, cancelled = true, kudos = $2::float8, settled_character_count = $3,
@@ -580,26 +592,9 @@ WITH g AS (
     UPDATE workers w SET kudos = w.kudos + $2::float8, contributions = w.contributions + $5
       FROM g WHERE w.id = g.worker_id AND NOT g.fake
     RETURNING w.id
-), locked AS (
-    SELECT u.id FROM users u, g
-     WHERE u.id IN ($6, $7) AND NOT g.fake
-     ORDER BY u.id FOR UPDATE OF u
-), paid AS (
-    UPDATE users u
-       SET kudos = u.kudos + CASE WHEN u.id = $6 THEN $8::float8 ELSE 0 END
-                           - CASE WHEN u.id = $7 THEN $4::float8 ELSE 0 END,
-           evaluating_kudos = u.evaluating_kudos + CASE WHEN u.id = $6 THEN $9::float8 ELSE 0 END
-      FROM locked WHERE u.id = locked.id
-    RETURNING u.id
-), keyed AS (
-    -- The shared key the request was sent with is debited the charge too, as at submit (see _CLAIM_SQL).
-    UPDATE user_shared_keys k
-       SET kudos = CASE WHEN k.kudos < 0 THEN k.kudos ELSE greatest(k.kudos - $4::float8, 0) END,
-           utilized = k.utilized + $4::float8
-      FROM g, waiting_prompts r
-     WHERE r.id = g.wp_id AND k.id = r.shared_key_id AND NOT g.fake
-    RETURNING k.id
-), held AS (
+), """
+    + _paid_ctes("g", owner="$6", requester="$7", owner_kudos="$8", charge="$4", escrow="$9")
+    + """, held AS (
     UPDATE kudos_holds h SET amount = greatest(h.amount - $4::float8, 0)
       FROM g WHERE h.wp_id = g.wp_id AND NOT g.fake
     RETURNING h.wp_id
@@ -608,13 +603,14 @@ SELECT (SELECT count(*) FROM g) AS settled,
        (SELECT count(*) FROM wp) + (SELECT count(*) FROM worker) + (SELECT count(*) FROM paid)
      + (SELECT count(*) FROM held) + (SELECT count(*) FROM keyed) AS touched
 """
+)
 
 
 async def settle_cancelled(
     conn: Conn, ctx: GenerationContext, characters: int, settlement: Settlement
 ) -> bool:
     """Settle a streamed generation still in flight at a cancel on the ``characters`` its worker posted, inside
-    the caller's transaction (spec: **Pricing**): pay the worker and its owner, charge the requester (and its
+    the caller's transaction (docs/native-api.md#pricing): pay the worker and its owner, charge the requester (and its
     shared key, as at submit) with the extra burn, record settled_character_count and fault the generation as cancelled (not restarted, not a
     dropped job); then release the request's hold when it is done. False when it was not pending."""
     settled = await conn.fetchval(

@@ -1,13 +1,13 @@
 """``horde.submit.v1.SettlementService``: settlement rules other stages ask submit to apply.
 
 - ``FaultGeneration``: fault a pending generation (a lapsed lease, from the janitor), restart its job unless its
-  request was cancelled, fault the request past FAULTED_GENERATIONS_LIMIT and publish ``faulted`` (spec: **Job
-  lease**, **Structured submit**). Idempotent: a generation that is no longer pending answers ``faulted=false``.
+  request was cancelled, fault the request past FAULTED_GENERATIONS_LIMIT and publish ``faulted`` (see
+  docs/native-api.md#job-lease, #submit). Idempotent: a generation that is no longer pending answers ``faulted=false``.
   A pending generation of a cancelled streamed request is not faulted as a dropped job: it is settled as
   cancelled on its posted content, as the cancel would have settled it, and answers ``faulted=false`` (the
   cancel's settlement call failed, and the lease lapsed after the worker stopped as it was told).
 - ``SettleCancelledGeneration``: settle a streamed generation in flight at a cancel on the content its worker
-  posted, and fault it as cancelled (spec: **Pricing**). ``settled=false`` when it was no longer pending (or
+  posted, and fault it as cancelled (docs/native-api.md#pricing). ``settled=false`` when it was no longer pending (or
   is not stored). A pending generation whose request was not cancelled, or that does not stream progress, is
   refused with ``FAILED_PRECONDITION``: this call settles only what a cancel settles, so a caller cannot use it
   to end (and price) a job its requester still waits for.
@@ -22,6 +22,7 @@ import grpc
 import redis.asyncio as redis
 from horde.submit.v1 import settlement_pb2, settlement_pb2_grpc
 from horde_contract import TextModelReference
+from horde_core.grpc import ServicerRegistrar
 
 from horde_submit import generations as gens
 from horde_submit.faults import apply_fault
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = "horde.submit.v1.SettlementService"
 
 
-class SettlementServicer(settlement_pb2_grpc.SettlementServiceServicer):  # type: ignore[misc]  # generated gRPC base is untyped
+class SettlementServicer(settlement_pb2_grpc.SettlementServiceServicer):
     """Serves the settlement RPCs against the shared pool and signal client."""
 
     def __init__(
@@ -43,7 +44,11 @@ class SettlementServicer(settlement_pb2_grpc.SettlementServiceServicer):  # type
         self.models = models if models is not None else TextModelReference()
 
     async def FaultGeneration(
-        self, request: settlement_pb2.FaultGenerationRequest, context: grpc.aio.ServicerContext
+        self,
+        request: settlement_pb2.FaultGenerationRequest,
+        context: grpc.aio.ServicerContext[
+            settlement_pb2.FaultGenerationRequest, settlement_pb2.FaultGenerationResponse
+        ],
     ) -> settlement_pb2.FaultGenerationResponse:
         gen_id = gens.parse_uuid(request.generation_id)
         if gen_id is None:
@@ -74,7 +79,11 @@ class SettlementServicer(settlement_pb2_grpc.SettlementServiceServicer):  # type
         )
 
     async def SettleCancelledGeneration(
-        self, request: settlement_pb2.SettleCancelledGenerationRequest, context: grpc.aio.ServicerContext
+        self,
+        request: settlement_pb2.SettleCancelledGenerationRequest,
+        context: grpc.aio.ServicerContext[
+            settlement_pb2.SettleCancelledGenerationRequest, settlement_pb2.SettleCancelledGenerationResponse
+        ],
     ) -> settlement_pb2.SettleCancelledGenerationResponse:
         gen_id = gens.parse_uuid(request.generation_id)
         if gen_id is None:
@@ -100,7 +109,7 @@ class SettlementServicer(settlement_pb2_grpc.SettlementServiceServicer):  # type
         )
 
 
-def registrar(servicer: SettlementServicer):  # type: ignore[no-untyped-def]
+def registrar(servicer: SettlementServicer) -> ServicerRegistrar:
     """A register callback for :func:`horde_core.grpc.start_grpc_server`."""
 
     def register(server: grpc.aio.Server) -> None:

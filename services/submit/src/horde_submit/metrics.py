@@ -2,12 +2,12 @@
 
 - ``horde.chat.worker_faults`` (labels ``reason``, ``worker_trusted``): faulted chat submits, by the reason the
   worker sent (a known ``fault_reason``, ``unknown`` or ``none``), counted before the fault is applied
-  (spec: **Worker fault reasons**).
+  (docs/native-api.md#worker-fault-reasons).
 - ``horde.text.empty_generations`` (label ``model``): stored replies with empty content and no tool calls, per
-  served model (spec: **Structured submit**).
+  served model (docs/native-api.md#submit).
 - ``horde.text.gate_shadow.outcomes`` (labels ``worker_trusted``, ``size_bucket``, ``outcome``: completed,
   faulted, aborted) and the histogram ``horde.text.gate_shadow.service_seconds`` (pop to submit of a completed
-  one): how legacy text jobs assigned over the worker's capacity ended (spec: **Job lease**).
+  one): how legacy text jobs assigned over the worker's capacity ended (docs/native-api.md#job-lease).
 - ``horde.submit.outcomes`` (label ``outcome``): every submit by its outcome, for dashboards and the bench.
 """
 
@@ -46,16 +46,3 @@ GATE_SHADOW_SERVICE_SECONDS = histogram(
     ["horde.worker_trusted", "horde.size_bucket"],
     buckets=(5, 10, 30, 60, 90, 120, 150, 200, 300, 600),
 )
-
-
-def size_bucket(max_length: int) -> str:
-    """``horde.size_bucket``: <=512, 513-1024, 1025-2048, 2049-4096 or >4096 (spec: **Job lease**)."""
-    for upper, label in ((512, "<=512"), (1024, "513-1024"), (2048, "1025-2048"), (4096, "2049-4096")):
-        if max_length <= upper:
-            return label
-    return ">4096"
-
-
-def flag(value: bool) -> str:
-    """A boolean label value: ``true`` or ``false``."""
-    return "true" if value else "false"

@@ -1,4 +1,4 @@
-"""The text kudos formula, applied to chat and text generations alike (spec: **Pricing**; text path §4, §5).
+"""The text kudos formula, applied to chat and text generations alike (docs/native-api.md#pricing; docs/native-api.md#submit, #kudos).
 
 Pure functions: :mod:`horde_submit.generations` writes their results. ``charged_tokens`` (``T(x)``: characters
 / 4 rounded up, at least 20, at most max_length) is the contract's.
@@ -22,7 +22,7 @@ __all__ = [
     "speed_sample",
 ]
 
-#: The bridge names whose text generations earn the full rate (text path §6, ``horde/bridge_reference.py``).
+#: The bridge names whose text generations earn the full rate (docs/native-api.md#workers, ``horde/bridge_reference.py``).
 VALIDATED_TEXT_BACKENDS: frozenset[str] = frozenset(
     {
         "AI Horde Worker",
@@ -33,13 +33,13 @@ VALIDATED_TEXT_BACKENDS: frozenset[str] = frozenset(
     }
 )
 
-#: The fewest tokens a generation is charged (text path §4, ``T(x)``).
+#: The fewest tokens a generation is charged (docs/native-api.md#submit, ``T(x)``).
 MIN_CHARGED_TOKENS = 20
-#: Multiplier of an unvalidated bridge on a known model (text path §4).
+#: Multiplier of an unvalidated bridge on a known model (docs/native-api.md#submit).
 UNVALIDATED_BRIDGE_FACTOR = 0.3
-#: Per-token rate a trusted owner earns on an unknown model: the 2.7B rate (text path §4, §5).
+#: Per-token rate a trusted owner earns on an unknown model: the 2.7B rate (docs/native-api.md#submit, #kudos).
 UNKNOWN_MODEL_TRUSTED_RATE = 0.027
-#: The extra burn the requester pays on top of each generation's kudos (text path §5).
+#: The extra burn the requester pays on top of each generation's kudos (docs/native-api.md#kudos).
 EXTRA_KUDOS_BURN = 1.0
 
 
@@ -47,7 +47,7 @@ def context_multiplier(prompt_characters: int, max_context_length: int) -> float
     """``clamp(1.2 + 2.2 ** log2(prompt_tokens / 1024), 0.1, 30)``.
 
     ``prompt_tokens`` is the prompt's character estimate (at least 20), bounded by the request's context.
-    Upstream bounds it by ``max_length`` (a quirk the text path reference names); this project bounds it by the
+    Upstream bounds it by ``max_length`` (an upstream quirk); this project bounds it by the
     context the prompt is served in, its intended meaning.
     """
     tokens = charged_tokens(prompt_characters, max(max_context_length, MIN_CHARGED_TOKENS))
@@ -82,7 +82,7 @@ class PricingInputs:
 def generation_kudos(p: PricingInputs) -> float:
     """The kudos one generation earns its worker and costs its requester (before the extra burn).
 
-    Text path §4 (``TextProcessingGeneration.get_gen_kudos``): a known model earns
+    docs/native-api.md#submit (``TextProcessingGeneration.get_gen_kudos``): a known model earns
     ``round(T(gen) * bonus * P / 125 * (0.3 if unvalidated) * ctx, 2)`` with ``bonus = (max(P, 13) / 13) ** 0.2``;
     an unknown model earns ``ctx`` for an untrusted owner and ``T(gen) * ctx * 0.027`` for a trusted one.
     """
@@ -102,7 +102,7 @@ def generation_kudos(p: PricingInputs) -> float:
 
 def requester_charge(kudos: float, censored: bool = False) -> float:
     """What the requester pays for one generation: its kudos plus the extra burn, or the burn alone when
-    censored (text path §5, ``calculate_extra_kudos_burn``)."""
+    censored (docs/native-api.md#kudos, ``calculate_extra_kudos_burn``)."""
     return round((0.0 if censored else kudos) + EXTRA_KUDOS_BURN, 2)
 
 
@@ -116,7 +116,7 @@ def speed_sample(reply_characters: int, max_length: int, seconds: float) -> floa
 
 def escrow_split(reward: float, owner_trusted: bool, owner_anonymous: bool) -> tuple[float, float]:
     """``(spendable, escrowed)``: an untrusted, non-anonymous owner gets half of the reward into escrow
-    (``evaluating_kudos``), text path §5 (``User.record_contributions``)."""
+    (``evaluating_kudos``), docs/native-api.md#kudos (``User.record_contributions``)."""
     if owner_trusted or owner_anonymous:
         return reward, 0.0
     escrowed = round(reward / 2, 2)

@@ -1,5 +1,5 @@
-"""``POST /v2/generate/text/progress``: a streamed chat job's partial output (spec: **Streaming progress**,
-**Job lease**).
+"""``POST /v2/generate/text/progress``: a streamed chat job's partial output (docs/native-api.md#progress,
+docs/native-api.md#job-lease).
 
 Body ``{id, seq, delta: {content?, reasoning_content?}}`` with the worker owner's ``apikey``. One Lua script
 (``horde_core.chat_stream.APPEND_PROGRESS_SCRIPT``) authenticates the post against the generation's stream lease
@@ -31,7 +31,17 @@ import redis.asyncio as redis
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse
 from horde_contract import RC
+from horde_contract.errors import HordeError
 from horde_contract.limits import TEXT_JOB_LEASE_SECONDS
+from horde_contract.progress import (
+    chat_job_aborted_error,
+    progress_cap_reached_error,
+    progress_not_streaming_error,
+    progress_out_of_sequence_error,
+    progress_unavailable_error,
+)
+from horde_contract.refusals import wrong_credentials_error
+from horde_contract.reply import replace_nul
 from horde_core.body import PROGRESS_BODY_LIMITS
 from horde_core.chat_stream import (
     FLAG_ON,
@@ -45,15 +55,12 @@ from horde_core.chat_stream import (
     lease_key_check,
     stream_lease_key,
 )
-from horde_core.errors import HordeError
-from horde_core.metrics import counter
+from horde_core.metrics import counter, flag
 from horde_store.users import hash_api_key
 
 from horde_submit import generations as gens
-from horde_submit.auth import WRONG_CREDENTIALS_MESSAGE
 from horde_submit.body import read_submit_body
-from horde_submit.contract import replace_nul
-from horde_submit.metrics import flag
+from horde_submit.state import get_state
 
 log = logging.getLogger(__name__)
 
@@ -66,14 +73,6 @@ LEASE_RENEWALS = counter(
 
 def bad_request(text: str) -> HordeError:
     return HordeError(400, RC.BadRequest, text)
-
-
-def job_aborted(gen_id: str) -> HordeError:
-    """404 ChatJobAborted: the generation is faulted, gone, or its request expired; the worker stops generating
-    and does not submit (spec: **Streaming progress**)."""
-    return HordeError(
-        404, RC.ChatJobAborted, f"Generation {gen_id} was aborted. Stop generating and do not submit it."
-    )
 
 
 # The renewal's one statement: extend the pending generation's job_ttl unless its request is past its expiry,
@@ -157,27 +156,15 @@ class ProgressHandler:
                 post.id, key_check=check, seq=post.seq, content=post.content, reasoning=post.reasoning
             )
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-            raise HordeError(
-                503, RC.ChatProgressUnavailable, "The progress store cannot be reached."
-            ) from exc
+            raise progress_unavailable_error() from exc
         if result.status is AppendStatus.nolease:
             raise await self._without_lease(post.id, gen_uuid)
         if result.status is AppendStatus.forbidden:
-            raise HordeError(403, RC.WrongCredentials, WRONG_CREDENTIALS_MESSAGE)
+            raise wrong_credentials_error()
         if result.status is AppendStatus.sequence:
-            expected = result.expected_seq
-            raise HordeError(
-                409,
-                RC.ChatProgressOutOfSequence,
-                f"seq {post.seq} is out of sequence; the next post of this generation is seq {expected}.",
-                expected_seq=expected,
-            )
+            raise progress_out_of_sequence_error(post.seq, result.expected_seq)
         if result.status is AppendStatus.cap:
-            raise HordeError(
-                413,
-                RC.ChatProgressCapReached,
-                "This generation reached its progress cap. Stop posting progress; still submit the reply.",
-            )
+            raise progress_cap_reached_error()
         if result.status is AppendStatus.ok and not result.cancelled and gen_uuid is not None:
             aborted = await self._renew(gen_uuid, post.id, result)
             if aborted is not None:
@@ -204,22 +191,18 @@ class ProgressHandler:
                     gen_uuid,
                 )
         if row is None or row["aborted"]:
-            return job_aborted(gen_id)
-        return HordeError(
-            404,
-            RC.ChatProgressNotStreaming,
-            f"Generation {gen_id} does not stream progress. Stop posting progress; still submit the reply.",
-        )
+            return chat_job_aborted_error(gen_id)
+        return progress_not_streaming_error(gen_id)
 
     async def _renew(self, gen_uuid: Any, gen_id: str, lease: AppendResult) -> HordeError | None:
         """Extend the job lease to ``lease_seconds`` after this post, rounded up to whole seconds and capped at
-        the lease's ``lease_cap`` from the pop (spec: **Job lease**). A post after the lease lapsed does not
+        the lease's ``lease_cap`` from the pop (docs/native-api.md#job-lease). A post after the lease lapsed does not
         extend it. Writes Postgres only when it extends, then the stream lease (best effort).
 
         The extending statement also reads the generation's request: when the generation is no longer stored
         (its request expired and was deleted) or its request is past its expiry, nothing is extended, the
         generation's stream gets its ended entry and the lease is deleted (best effort), and the post is
-        answered 404 ChatJobAborted (returned, for the caller to raise; spec: **Streaming progress**)."""
+        answered 404 ChatJobAborted (returned, for the caller to raise; docs/native-api.md#progress)."""
         started, job_ttl, lease_cap = lease.started, lease.job_ttl, lease.lease_cap
         now = time.time()
         if started <= 0 or now > started + job_ttl:
@@ -235,7 +218,7 @@ class ProgressHandler:
             row = await conn.fetchrow(_RENEW_SQL, gen_uuid, new_ttl)
         if row is None or row["wp_id"] is None or row["expired"]:
             await self._end_expired(gen_id, row["wp_id"] if row is not None else None)
-            return job_aborted(gen_id)
+            return chat_job_aborted_error(gen_id)
         if row["job_ttl"] is None:
             return None
         await extend_lease(self.signal, gen_id, started=started, job_ttl=new_ttl)
@@ -274,11 +257,7 @@ async def progress_route(request: Request, apikey: str | None = Header(default=N
     MAX_PROGRESS_BODY_BYTES, 2 MiB, which no post under the cap reaches; 408 RequestBodyTimeout when it
     trickles; 400 BadRequest past 1024 elements or 64 levels, checked before any object is built) and parsed
     by the contract's JSON reader (400 BadRequest for invalid JSON, lone surrogates)."""
-    handler: ProgressHandler = request.app.state.progress
-    too_large = HordeError(
-        413,
-        RC.ChatProgressCapReached,
-        "This post is larger than any generation's progress cap. Stop posting progress; still submit the reply.",
-    )
+    handler = (await get_state(request)).progress
+    too_large = progress_cap_reached_error(post_too_large=True)
     body = await read_submit_body(request, PROGRESS_BODY_LIMITS, handler.read_timeout, too_large=too_large)
     return JSONResponse(await handler.post(body, apikey))

@@ -1,5 +1,5 @@
-"""Settlement of a streamed generation still in flight when its request is cancelled (spec: **Pricing**,
-**Streaming progress**, **Structured submit**; ``SettlementService.SettleCancelledGeneration``).
+"""Settlement of a streamed generation still in flight when its request is cancelled (docs/native-api.md#pricing,
+docs/native-api.md#progress, #submit; ``SettlementService.SettleCancelledGeneration``).
 
 The characters priced are the content the worker posted (``read_posted_progress``: the generation's content
 entries from the request's stream in seq order, reasoning aside). When the stream does not hold its entries the
@@ -67,25 +67,19 @@ async def settle_cancelled_generation(
     return await settle_cancelled_context(pool, signal, models, ctx)
 
 
-async def settle_cancelled_context(
-    pool: asyncpg.Pool,
-    signal: redis.Redis | None,
-    models: TextModelReference,
+def price_settlement(
     ctx: gens.GenerationContext,
+    characters: int,
+    models: TextModelReference,
     *,
-    via: str = "cancel",
-) -> CancelSettlement:
-    """Settle the generation of ``ctx`` as cancelled (spec: **Pricing**): price the characters its worker
-    posted (:func:`read_posted_progress`; kudos by the text formula at its served model, the floor of 20 tokens
-    before any post), pay the worker and its owner (escrow split as at submit), charge the requester (and the
-    shared key the request was sent with: text path §4, §5) the reward plus the extra burn of 1, record ``settled_character_count`` and fault the generation as cancelled:
-    not restarted, no worker counter (aborted_jobs, uncompleted_jobs) touched. A fake generation is faulted
-    as cancelled at 0 kudos. One compare-and-set, so it settles at most once; ``settled=False`` when the
-    generation is no longer pending. ``via`` names the caller in the log line (cancel, submit, fault, lapse).
-    """
-    if not ctx.pending:
-        return CancelSettlement(settled=False)
-    characters = await read_posted_progress(signal, str(ctx.wp_id), str(ctx.id))
+    censored: bool = False,
+    speed: float = 0.0,
+) -> gens.Settlement:
+    """What settling the generation of ``ctx`` on ``characters`` of reply moves, at a submit or a cancel: its
+    reward (:func:`pricing.generation_kudos` at its served model; 0 for a fake generation), the owner's share
+    and escrow (:func:`pricing.escrow_split`), the requester's charge (:func:`pricing.requester_charge`: the
+    burn alone for a ``censored`` reply) and the contributed tokens; ``speed`` is the speed sample (tokens per
+    second; 0 records none)."""
     reward = 0.0
     if not ctx.fake:
         reward = pricing.generation_kudos(
@@ -100,14 +94,37 @@ async def settle_cancelled_context(
             )
         )
     owner_kudos, owner_escrow = pricing.escrow_split(reward, ctx.owner_trusted, ctx.owner_id == 0)
-    settlement = gens.Settlement(
+    return gens.Settlement(
         reward=reward,
         owner_kudos=owner_kudos,
         owner_escrow=owner_escrow,
-        charge=pricing.requester_charge(reward),
+        charge=pricing.requester_charge(reward, censored),
         contribution_tokens=pricing.charged_tokens(characters, ctx.max_length),
-        speed=0.0,
+        speed=speed,
     )
+
+
+async def settle_cancelled_context(
+    pool: asyncpg.Pool,
+    signal: redis.Redis | None,
+    models: TextModelReference,
+    ctx: gens.GenerationContext,
+    *,
+    via: str = "cancel",
+) -> CancelSettlement:
+    """Settle the generation of ``ctx`` as cancelled (docs/native-api.md#pricing): price the characters its worker
+    posted (:func:`read_posted_progress`; kudos by the text formula at its served model, the floor of 20 tokens
+    before any post), pay the worker and its owner (escrow split as at submit), charge the requester (and the
+    shared key the request was sent with: docs/native-api.md#submit, #kudos) the reward plus the extra burn of 1, record ``settled_character_count`` and fault the generation as cancelled:
+    not restarted, no worker counter (aborted_jobs, uncompleted_jobs) touched. A fake generation is faulted
+    as cancelled at 0 kudos. One compare-and-set, so it settles at most once; ``settled=False`` when the
+    generation is no longer pending. ``via`` names the caller in the log line (cancel, submit, fault, lapse).
+    """
+    if not ctx.pending:
+        return CancelSettlement(settled=False)
+    characters = await read_posted_progress(signal, str(ctx.wp_id), str(ctx.id))
+    settlement = price_settlement(ctx, characters, models)
+    reward = settlement.reward
     async with pool.acquire() as conn, conn.transaction():
         settled = await gens.settle_cancelled(conn, ctx, characters, settlement)
     if not settled:

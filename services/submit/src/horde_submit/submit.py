@@ -1,7 +1,7 @@
 """``POST /v2/generate/text/submit``: structured chat submits, legacy text submits and faulted submits.
 
-Spec: chat-requests.md **Structured submit**, **Reasoning**, **Reply verification**, **Refusal record and worker
-counters**, **Worker fault reasons**, **Pricing**, **Completion signal**; text path §4, §5, §14.
+See docs/native-api.md#submit, #reasoning, #reply-verification,
+#refusal-record, #worker-fault-reasons, #pricing, #completion-signal; docs/native-api.md#submit, #kudos, #text-route.
 
 Order of a submit:
 
@@ -11,7 +11,7 @@ Order of a submit:
    is neither refused for its content nor recorded; otherwise a refused chat body naming a pending generation of
    the caller's worker is recorded as a refusal, then the parser's 400 is sent.
 2. The generation is read with its worker, owner and request: 404 InvalidJobID when it is not stored (as after
-   its request expired and was deleted: text path §7).
+   its request expired and was deleted: docs/native-api.md#expiry).
 3. The apikey must be the worker owner's: 401 InvalidAPIKey (unknown key), 403 WrongCredentials (another key).
 4. A pending generation of a cancelled streamed request (the cancel's settlement did not get through) is
    settled as cancelled on its posted content now (``horde_submit.settle.settle_cancelled_context``), so the
@@ -43,31 +43,34 @@ import redis.asyncio as redis
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse
 from horde_contract import TextModelReference, answer_chat_extras
-from horde_contract.errors import RC, ChatContractError
+from horde_contract.errors import RC, HordeError
 from horde_contract.limits import CHAT_CHARGE_BASIS_OUTPUT_ESTIMATE
-from horde_contract.reply import check_chat_reply_size, check_text_reply_size, reply_validates_schema
-from horde_contract.vocab import chat_worker_fault_label, chat_worker_fault_message
-from horde_core.body import SUBMIT_BODY_LIMITS
-from horde_core.chat_stream import delete_lease
-from horde_core.errors import HordeError
-
-from horde_submit import generations as gens
-from horde_submit import pricing
-from horde_submit.auth import authenticate_owner
-from horde_submit.body import read_submit_body
-from horde_submit.contract import (
+from horde_contract.reply import (
     ChatSubmit,
     SubmitBody,
     TextSubmit,
     VerifiedReply,
     build_stored_reply,
     chat_reply_characters,
-    parse_submit,
+    check_chat_reply_size,
+    check_text_reply_size,
+    parse_submit_body,
     replace_nul,
+    reply_validates_schema,
     stored_generation,
     submit_invalid,
     verify_chat_reply,
 )
+from horde_contract.vocab import chat_worker_fault_label, chat_worker_fault_message
+from horde_core.body import SUBMIT_BODY_LIMITS
+from horde_core.chat_stream import delete_lease
+from horde_core.metrics import flag, size_bucket
+from horde_core.signals import ChatSignal, publish_chat_signals
+
+from horde_submit import generations as gens
+from horde_submit import pricing
+from horde_submit.auth import authenticate_owner
+from horde_submit.body import read_submit_body
 from horde_submit.faults import apply_fault
 from horde_submit.metrics import (
     EMPTY_GENERATIONS,
@@ -75,11 +78,9 @@ from horde_submit.metrics import (
     GATE_SHADOW_SERVICE_SECONDS,
     SUBMIT_OUTCOMES,
     WORKER_FAULTS,
-    flag,
-    size_bucket,
 )
-from horde_submit.settle import settle_cancelled_context
-from horde_submit.signals import ChatSignal, publish
+from horde_submit.settle import price_settlement, settle_cancelled_context
+from horde_submit.state import get_state
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ def _verify_executor() -> ThreadPoolExecutor:
 
 
 async def verify_reply(parsed: ChatSubmit, chat_extras: Any, conformance: str) -> VerifiedReply:
-    """``verify_chat_reply`` (spec: **Reply verification**). A reply it validates against a strict JSON schema
+    """``verify_chat_reply`` (docs/native-api.md#reply-verification). A reply it validates against a strict JSON schema
     is checked in the verify threads, so the event loop keeps answering (health, gRPC, other submits) while it
     runs; a check past the contract's bounds refuses the reply as ChatSubmitNonconformant. Any other reply is
     checked inline: its checks are linear in the reply, which the job bounds (``check_chat_reply_size``)."""
@@ -112,20 +113,20 @@ async def verify_reply(parsed: ChatSubmit, chat_extras: Any, conformance: str) -
 
 
 def invalid_job(job_id: Any) -> HordeError:
-    """404 InvalidJobID (text path §4)."""
+    """404 InvalidJobID (docs/native-api.md#submit)."""
     return HordeError(404, RC.InvalidJobID, f"Processing Job with ID {job_id} does not exist.")
 
 
 def duplicate_gen(gen_id: Any) -> HordeError:
-    """400 DuplicateGen (text path §4)."""
+    """400 DuplicateGen (docs/native-api.md#submit)."""
     return HordeError(400, RC.DuplicateGen, f"Processing Generation with ID {gen_id} already submitted.")
 
 
 def aborted_gen(ctx: gens.GenerationContext) -> HordeError:
     """400 AbortedGen for a reply to an aborted generation (:attr:`GenerationContext.aborted`), stating why:
     its request was cancelled (a faulted generation of a cancelled request), its request expired (a pending
-    generation of a request past its expiry), or otherwise the job's lease (spec: **Job lease**,
-    **Structured submit**; text path §4)."""
+    generation of a request past its expiry), or otherwise the job's lease (docs/native-api.md#job-lease,
+    docs/native-api.md#submit)."""
     if ctx.faulted and ctx.request_cancelled:
         text = f"Processing Generation with ID {ctx.id} has been aborted because its request was cancelled."
     elif not ctx.faulted and ctx.request_expired:
@@ -138,9 +139,9 @@ def aborted_gen(ctx: gens.GenerationContext) -> HordeError:
     return HordeError(400, RC.AbortedGen, text)
 
 
-def model_mismatch(model_id: Any, assigned: str) -> ChatContractError:
-    """400 ChatModelMismatch (spec: **Structured submit**)."""
-    return ChatContractError(
+def model_mismatch(model_id: Any, assigned: str) -> HordeError:
+    """400 ChatModelMismatch (docs/native-api.md#submit)."""
+    return HordeError(
         400,
         RC.ChatModelMismatch,
         f"The submit's model_id '{model_id}' is not the model this job was assigned to, '{assigned}'.",
@@ -162,10 +163,10 @@ class Submitter:
 
     async def submit(self, body: Any, apikey: str | None) -> dict[str, Any]:
         """Handle one submit (the module docstring gives the order); returns ``{"reward": float}`` or raises
-        HordeError / ChatContractError."""
+        HordeError / HordeError."""
         try:
-            parsed = parse_submit(body)
-        except ChatContractError as exc:
+            parsed = parse_submit_body(body)
+        except HordeError as exc:
             await self._unparsed(body, apikey, exc)
             SUBMIT_OUTCOMES.labels("invalid").inc()
             raise
@@ -203,7 +204,7 @@ class Submitter:
 
     # -- refusals -----------------------------------------------------------------------------------------
 
-    async def _record_refusal(self, ctx: gens.GenerationContext, exc: ChatContractError) -> None:
+    async def _record_refusal(self, ctx: gens.GenerationContext, exc: HordeError) -> None:
         """Store the refusal in its own commit before the 400 is sent; a failed write is logged only."""
         SUBMIT_OUTCOMES.labels("refused").inc()
         if not ctx.is_chat or not ctx.pending:
@@ -214,15 +215,15 @@ class Submitter:
         except Exception:
             log.warning("chat refusal record failed", extra={"generation_id": str(ctx.id)}, exc_info=True)
 
-    async def _unparsed(self, body: Any, apikey: str | None, exc: ChatContractError) -> None:
+    async def _unparsed(self, body: Any, apikey: str | None, exc: HordeError) -> None:
         """A body the parser refused (``exc``) that names a generation of the caller's own worker (the id
         resolves and the apikey passes the route's ownership check, so nobody else learns or writes anything):
 
         - a reply (any state but faulted) to an aborted or stored generation raises 400 AbortedGen / DuplicateGen
-          in place of ``exc``, before the reply's content counts (spec: **Structured submit**); a pending
+          in place of ``exc``, before the reply's content counts (docs/native-api.md#submit); a pending
           generation of a cancelled streamed request is settled as cancelled first;
         - otherwise a chat refusal (ChatSubmitInvalid, ChatSubmitNonconformant, ChatModelMismatch) of a reply to
-          a pending chat generation is recorded (spec: **Refusal record and worker counters**).
+          a pending chat generation is recorded (docs/native-api.md#refusal-record).
 
         Returns normally when ``exc`` stands; a store failure is logged and leaves ``exc`` standing."""
         if not isinstance(body, dict):
@@ -281,7 +282,7 @@ class Submitter:
             raise exc
         try:
             check_chat_reply_size(parsed.message, ctx.max_length)
-        except ChatContractError as too_long:
+        except HordeError as too_long:
             await self._record_refusal(ctx, too_long)
             raise
         assigned = ctx.served_model
@@ -291,7 +292,7 @@ class Submitter:
             raise exc
         try:
             verified = await verify_reply(parsed, answer_chat_extras(ctx.chat_extras), ctx.chat_conformance)
-        except ChatContractError as exc:
+        except HordeError as exc:
             if exc.rc in REFUSAL_RCS:
                 await self._record_refusal(ctx, exc)
             raise
@@ -322,7 +323,7 @@ class Submitter:
             )
         try:
             check_text_reply_size(parsed.generation, ctx.max_length)
-        except ChatContractError:
+        except HordeError:
             SUBMIT_OUTCOMES.labels("invalid").inc()
             raise
         text = replace_nul(parsed.generation)
@@ -348,28 +349,14 @@ class Submitter:
         """Price, claim and settle in one transaction; after the commit, write the ``horde.job_submit.done``
         record (:meth:`_log_done`) and publish the signals. A lost claim answers the generation's state as it
         is now (AbortedGen, DuplicateGen; InvalidJobID when it is gone)."""
-        reward = pricing.generation_kudos(
-            pricing.PricingInputs(
-                reply_characters=characters,
-                prompt_characters=ctx.prompt_characters,
-                max_length=ctx.max_length,
-                max_context_length=ctx.max_context_length,
-                parameters_billion=self.models.parameters_billion(ctx.served_model),
-                bridge_agent=ctx.bridge_agent,
-                owner_trusted=ctx.owner_trusted,
-            )
-        )
-        if ctx.fake:
-            reward = 0.0
-        owner_kudos, owner_escrow = pricing.escrow_split(reward, ctx.owner_trusted, ctx.owner_id == 0)
-        settlement = gens.Settlement(
-            reward=reward,
-            owner_kudos=owner_kudos,
-            owner_escrow=owner_escrow,
-            charge=pricing.requester_charge(reward, claim.censored),
-            contribution_tokens=pricing.charged_tokens(characters, ctx.max_length),
+        settlement = price_settlement(
+            ctx,
+            characters,
+            self.models,
+            censored=claim.censored,
             speed=pricing.speed_sample(characters, ctx.max_length, ctx.elapsed_seconds),
         )
+        reward = settlement.reward
         if ctx.jobs == 1:
             async with self.pool.acquire() as conn:
                 result = await gens.claim_and_settle(conn, ctx, claim, settlement, single=True)
@@ -399,7 +386,7 @@ class Submitter:
             signals = [ChatSignal(str(ctx.wp_id), "generation", result.generations)]
             if result.request_done:
                 signals.append(ChatSignal(str(ctx.wp_id), "done", result.generations))
-            await publish(self.signal, signals)
+            await publish_chat_signals(self.signal, signals)
         return {"reward": reward}
 
     @staticmethod
@@ -419,7 +406,7 @@ class Submitter:
         for a text job), ``reply_characters`` (the priced characters), ``kudos`` (the worker's reward; 0 for a
         fake generation), ``elapsed_seconds`` (pop to submit), ``request_done`` (this submit completed the
         request) and, when the single-call reduction dropped tool calls, ``dropped_tool_calls`` (how many;
-        spec: **Reply verification**).
+        docs/native-api.md#reply-verification).
         """
         extra: dict[str, Any] = {
             "generation_id": str(ctx.id),
@@ -442,7 +429,7 @@ class Submitter:
     # -- faults -------------------------------------------------------------------------------------------
 
     async def _fault(self, parsed: SubmitBody, ctx: gens.GenerationContext) -> dict[str, Any]:
-        """A faulted submit (spec: **Worker fault reasons**; text path §4): 200 ``{"reward": 0}``.
+        """A faulted submit (docs/native-api.md#worker-fault-reasons, #submit): 200 ``{"reward": 0}``.
 
         Only a pending generation is faulted (restart, worker counters, the request's fault past the limit); one
         that is no longer pending (faulted, stored, or settled as cancelled at its request's cancel, possibly
@@ -479,6 +466,6 @@ async def submit_route(request: Request, apikey: str | None = Header(default=Non
     horde_core's body reader within SUBMIT_BODY_LIMITS (413 RequestTooLarge past 8 MiB, the largest legal
     reply; 408 RequestBodyTimeout; 400 BadRequest past 16,384 elements or 64 levels, before any object is built).
     """
-    submitter: Submitter = request.app.state.submitter
+    submitter = (await get_state(request)).submitter
     body = await read_submit_body(request, SUBMIT_BODY_LIMITS, submitter.read_timeout)
     return JSONResponse(await submitter.submit(body, apikey))
