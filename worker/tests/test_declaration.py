@@ -1,8 +1,9 @@
-"""Declaration computation from backend capabilities (worker-side.md §4)."""
+"""Declaration computation from backend capabilities (worker/README.md#what-the-worker-declares)."""
 
 from __future__ import annotations
 
 import pytest
+from horde_contract.vocab import CHAT_FEATURE_VALUES, CHAT_GUARANTEE_VALUES
 from horde_worker.backends.openai import (
     GENERIC,
     KOBOLDCPP,
@@ -14,7 +15,6 @@ from horde_worker.backends.openai import (
     capabilities_for,
 )
 from horde_worker.backends.scripted import ScriptedBackend
-from horde_worker.contract import FEATURES, GUARANTEES
 from horde_worker.declaration import Capabilities, build_declaration, chat_features, chat_limits
 
 
@@ -58,8 +58,8 @@ def test_build_declaration_fields() -> None:
 
 async def test_scripted_declares_everything_but_vision() -> None:
     caps = await ScriptedBackend().start()
-    assert set(caps.features) == set(FEATURES) - {"vision"}
-    assert set(caps.guarantees) == set(GUARANTEES)
+    assert set(caps.features) == set(CHAT_FEATURE_VALUES) - {"vision"}
+    assert set(caps.guarantees) == set(CHAT_GUARANTEE_VALUES)
     caps = await ScriptedBackend(features=["tools", "tool_choice_enforced"]).start()
     assert caps.features == {"tools"} and caps.guarantees == {"tool_choice_enforced"}
 

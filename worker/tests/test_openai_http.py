@@ -1,7 +1,7 @@
 """The openai backend's HTTP side against small stand-ins of llama-server and koboldcpp (real sockets).
 
 The real servers are not available in the default suite; these stand-ins answer the discovery and counting
-endpoints with the shapes worker-side.md §3 records, so detection, discovery, the prompt pre-count and the
+endpoints with the shapes the real servers answer with, so detection, discovery, the prompt pre-count and the
 error mapping run over HTTP. ``make test-llm`` drives the backend against a real server.
 """
 

@@ -1,6 +1,8 @@
-"""Pure mapping functions of the openai backend (worker-side.md §3 quirks)."""
+"""Pure mapping functions of the openai backend (worker/README.md)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 from horde_worker.backends.openai import (
@@ -20,7 +22,7 @@ from horde_worker.backends.openai import (
 )
 from horde_worker.jobs import BackendFault, ChatJob, TextJob
 
-WEATHER = {
+WEATHER: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "get_weather",
@@ -126,7 +128,7 @@ def test_response_format_passes_through_elsewhere() -> None:
 
 
 def test_parse_response_with_reasoning_fields_and_usage() -> None:
-    data = {
+    data: dict[str, Any] = {
         "choices": [
             {
                 "message": {"role": "assistant", "content": "4", "reasoning": "2+2"},

@@ -1,4 +1,4 @@
-"""Streaming progress (spec: **Streaming progress**, **Job lease**): the worker loop with the scripted backend's
+"""Streaming progress (docs/native-api.md#progress, #job-lease): the worker loop with the scripted backend's
 paced replies against the stand-in horde's progress route, over real HTTP.
 
 Covers the posts themselves (seq from 1, merged deltas about once an interval, reasoning apart from content,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from horde_worker.jobs import BackendFault, ChatJob, ChatOutput
@@ -256,7 +257,7 @@ def test_tool_reply_body() -> None:
 
 # -- strict schemas --------------------------------------------------------------------------------------------
 
-SCHEMA = {
+SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
     "required": ["name", "age"],
@@ -264,7 +265,7 @@ SCHEMA = {
 }
 
 
-def strict_job(schema: dict[str, object] = SCHEMA, strict: bool = True) -> ChatJob:
+def strict_job(schema: dict[str, Any] = SCHEMA, strict: bool = True) -> ChatJob:
     return job(
         response_format={
             "type": "json_schema",

@@ -1,4 +1,4 @@
-"""The worker's strict-schema check is the Horde's bounded one (issue 9 item 3): an empty schema registry (no
+"""The worker's strict-schema check is the Horde's bounded one: an empty schema registry (no
 ``file://`` or remote ``$ref``, not even a metaschema), RE2 patterns, and a check past its bounds submitted
 unchecked for the Horde to judge rather than faulted."""
 
@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 import urllib.request
 from typing import Any
 
 import pytest
+from horde_contract.reply_schema import DEFAULT_SCHEMA_LIMITS
 from horde_worker.jobs import BackendFault, ChatJob, ChatOutput
 from horde_worker.replies import build_chat_submit, check_strict_schema, schema_validator
 
@@ -26,7 +26,6 @@ def strict_job(schema: dict[str, Any]) -> ChatJob:
             "json_schema": {"name": "p", "strict": True, "schema": schema},
         },
     )
-
 
 
 @pytest.mark.parametrize(
@@ -69,12 +68,11 @@ def test_validator_registry_holds_only_the_schema() -> None:
     assert err.value.reason == "generation_error"
 
 
+@pytest.mark.timeout(30)  # a hang guard: a backtracking engine takes hours (2**40 paths) on this reply
 def test_catastrophic_pattern_faults_at_once() -> None:
     schema = {"type": "object", "properties": {"s": {"type": "string", "pattern": "^(a|a)*$"}}}
-    started = time.perf_counter()
     with pytest.raises(BackendFault) as err:
         check_strict_schema(strict_job(schema), json.dumps({"s": "a" * 40 + "!"}), False)
-    assert time.perf_counter() - started < 0.5
     assert err.value.reason == "generation_error"
 
 
@@ -85,6 +83,9 @@ def test_pattern_re2_does_not_take_is_unbuildable_grammar() -> None:
     assert err.value.reason == "unbuildable_grammar"
 
 
+# 2**40 evaluations without a bound: ending at all proves the bound, which the warning names; the timeout is
+# only a hang guard.
+@pytest.mark.timeout(30)
 def test_a_check_past_its_bounds_is_submitted_unchecked(caplog: Any) -> None:
     exponential = {
         "$defs": {
@@ -101,9 +102,14 @@ def test_a_check_past_its_bounds_is_submitted_unchecked(caplog: Any) -> None:
     for _ in range(40):
         content = f"[{json.dumps(content) if content == 'x' else content}]"
     declared = frozenset({"structured_output_enforced"})
-    started = time.thread_time()
     with caplog.at_level(logging.WARNING, logger="horde_worker.replies"):
         body = build_chat_submit(strict_job(exponential), ChatOutput(content=content), "m", declared)
-    assert time.thread_time() - started < 3.0  # 500,000 steps or 2 s of CPU
     assert body["message"]["content"] == content
-    assert any("not checked" in record.getMessage() for record in caplog.records)
+    # 500,000 steps or 2 s of CPU, whichever comes first: the warning names the one reached.
+    assert any(
+        "not checked" in record.getMessage()
+        and record.getMessage().endswith(
+            (f"more than {DEFAULT_SCHEMA_LIMITS.max_steps} validation steps", "its CPU time bound")
+        )
+        for record in caplog.records
+    ), [record.getMessage() for record in caplog.records]

@@ -5,9 +5,9 @@ loopback sockets.
 ``/v2/...`` spellings) from a script:
 queued jobs are handed out one per pop, every pop and submit is recorded, and submit answers can be scripted
 per job (status and body in order; afterwards 200). Like the real submit service it refuses a chat reply whose
-shape breaks **Structured submit** (400 ``ChatSubmitInvalid``), or whose model_id is not the assigned one (400
+shape breaks docs/native-api.md#submit (400 ``ChatSubmitInvalid``), or whose model_id is not the assigned one (400
 ``ChatModelMismatch``), and answers a submit for a job it never handed out with 404. Progress posts follow the
-real route's rules (spec: **Streaming progress**): seq from 1, a repeat of the last post answered again, 409
+real route's rules (docs/native-api.md#progress): seq from 1, a repeat of the last post answered again, 409
 ``ChatProgressOutOfSequence`` with ``expected_seq``, 413 at the entry/byte cap, 404 ``ChatProgressNotStreaming``
 for a job without the hint or already submitted, 404 ``ChatJobAborted`` for an aborted job, ``cancelled: true``
 once :meth:`StandInHorde.cancel` was called (and a later submit is 400 ``AbortedGen``). It is not the horde:
@@ -27,7 +27,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Self
 
 MAX_CHAT_TEXT_BYTES = 1024 * 1024
 FINISH = {"stop", "length", "content_filter", "tool_calls"}
@@ -185,7 +185,7 @@ class StandInHorde:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server.server_address[1]}"
 
-    def start(self) -> StandInHorde:
+    def start(self) -> Self:
         self.thread.start()
         return self
 
@@ -193,7 +193,7 @@ class StandInHorde:
         self.server.shutdown()
         self.server.server_close()
 
-    def __enter__(self) -> StandInHorde:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -295,7 +295,7 @@ class StandInHorde:
             return 404, {"message": f"Generation {job_id} was aborted.", "rc": "ChatJobAborted"}
         if not info.get("stream") or info.get("submitted"):
             return 404, {"message": f"{job_id} does not stream progress.", "rc": "ChatProgressNotStreaming"}
-        delta = body.get("delta") if isinstance(body.get("delta"), dict) else {}
+        delta: dict[str, Any] = body["delta"] if isinstance(body.get("delta"), dict) else {}
         content = str(delta.get("content") or "")
         reasoning = str(delta.get("reasoning_content") or "")
         if not content and not reasoning:

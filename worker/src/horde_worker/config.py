@@ -13,7 +13,7 @@ from horde_contract.limits import MAX_POP_WAIT_SECONDS
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, CliApp, NoDecode, SettingsConfigDict
 
-#: The local stack's dispatch and submit (ARCHITECTURE.md ports), used when no horde URL is set.
+#: The local stack's dispatch and submit (README.md#architecture), used when no horde URL is set.
 LOCAL_DISPATCH_URL = "http://127.0.0.1:7102"
 LOCAL_SUBMIT_URL = "http://127.0.0.1:7103"
 
@@ -37,7 +37,7 @@ def _split_csv(value: Any) -> Any:
 
 
 class WorkerSettings(BaseSettings):
-    """Settings of one worker process (issue 4, Build 1)."""
+    """Settings of one worker process."""
 
     model_config = SettingsConfigDict(
         env_prefix="HORDE_WORKER_",

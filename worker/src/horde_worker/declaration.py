@@ -1,7 +1,7 @@
-"""The chat declaration a worker sends on every pop (spec: chat-requests.md **Chat declaration on pop**).
+"""The chat declaration a worker sends on every pop (docs/native-api.md#chat-declaration).
 
 A backend reports :class:`Capabilities`; :func:`build_declaration` turns them, with the operator's settings,
-into the pop fields. Rule (worker-side.md §4): a *feature* is declared when the backend applies the field; a
+into the pop fields. Rule (worker/README.md#what-the-worker-declares): a *feature* is declared when the backend applies the field; a
 *guarantee* only when the worker itself checks it before submitting.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from horde_worker.contract import FEATURES, GUARANTEES
+from horde_contract.vocab import CHAT_FEATURE_VALUES, CHAT_GUARANTEE_VALUES
 
 
 @dataclass
@@ -45,12 +45,12 @@ def chat_features(
     """
     values = set(only) if only else set(caps.features) | set(caps.guarantees)
     values -= set(disabled or [])
-    return sorted(v for v in values if v in FEATURES or v in GUARANTEES)
+    return sorted(v for v in values if v in CHAT_FEATURE_VALUES or v in CHAT_GUARANTEE_VALUES)
 
 
 def chat_limits(caps: Capabilities, max_context_length: int, max_length: int) -> dict[str, Any]:
-    """``chat_limits``: the operator's limits lowered to the backend's, in tokens (spec: **Chat declaration
-    on pop**). ``tools_max_temperature`` appears only when the backend clamps temperature with tools."""
+    """``chat_limits``: the operator's limits lowered to the backend's, in tokens (see
+    docs/native-api.md#chat-declaration). ``tools_max_temperature`` appears only when the backend clamps temperature with tools."""
     ctx = (
         max_context_length
         if caps.max_context_length is None

@@ -1,6 +1,6 @@
 """Jobs as the worker receives them and replies as backends produce them.
 
-Shapes follow chat-requests.md **Chat job pop response** (chat jobs) and ai-horde-text-path.md §3 (legacy text
+Shapes follow docs/native-api.md#chat-job-payload (chat jobs) and docs/native-api.md#pop (legacy text
 jobs). Backends read a :class:`ChatJob` or :class:`TextJob` and return a :class:`ChatOutput` or a string; the
 worker turns those into submit bodies (``horde_worker.replies``).
 """
@@ -10,13 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from horde_worker.contract import CHAT_STREAM_PROGRESS_KEY
+from horde_contract import CHAT_STREAM_PROGRESS_KEY
 
 
 class BackendFault(Exception):
     """A backend could not produce a reply for a job.
 
-    ``reason`` is a worker fault reason (spec: **Worker fault reasons**) such as ``prompt_overflow`` or
+    ``reason`` is a worker fault reason (docs/native-api.md#worker-fault-reasons) such as ``prompt_overflow`` or
     ``unbuildable_grammar``, or ``None`` for a fault sent without a reason (a failed ``messages_url`` fetch).
     The message is for the worker's log only; the Horde never stores worker text.
     """
@@ -28,7 +28,7 @@ class BackendFault(Exception):
 
 class JobCancelled(Exception):
     """The horde told the worker to stop a streamed job (progress answered ``cancelled: true`` or 404
-    ``ChatJobAborted``): the generation is aborted and the job is not submitted (spec: **Streaming progress**).
+    ``ChatJobAborted``): the generation is aborted and the job is not submitted (docs/native-api.md#progress).
     ``reason`` is ``cancelled`` or ``aborted``."""
 
     def __init__(self, reason: str) -> None:
@@ -46,14 +46,14 @@ def _stop_list(value: Any) -> list[str]:
 
 @dataclass
 class ChatJob:
-    """A popped chat job (spec: **Chat job pop response**).
+    """A popped chat job (docs/native-api.md#chat-job-payload).
 
     ``messages`` is the OpenAI messages array; ``tools``/``tool_choice``/``parallel_tool_calls``/
     ``response_format`` are present only when the request applies them (already narrowed by dispatch: a forced
     function arrives as that one tool with ``tool_choice`` ``"required"``). Sampling fields are always present in
     a real payload; the defaults here are the spec's. ``max_length`` is in tokens, ``max_context_length`` is the
     request's context budget in tokens. ``stream_progress`` is the stream hint (``stream_progress: true`` in the
-    payload): the worker may post progress for this job (spec: **Streaming progress**).
+    payload): the worker may post progress for this job (docs/native-api.md#progress).
     """
 
     id: str
@@ -182,7 +182,7 @@ def message_text(msg: dict[str, Any]) -> str:
 
 @dataclass
 class TextJob:
-    """A popped legacy text job (ai-horde-text-path.md §3): a KoboldAI-style ``prompt`` with its params.
+    """A popped legacy text job (docs/native-api.md#pop): a KoboldAI-style ``prompt`` with its params.
 
     ``max_length`` is in tokens; absent from the upstream payload when the client did not send it, so it
     falls back to the worker's own limit.

@@ -1,5 +1,5 @@
 """Streaming progress: posting a streamed chat job's deltas to ``POST /v2/generate/text/progress`` and the
-job lease that accepted posts renew (spec: chat-requests.md **Streaming progress**, **Job lease**).
+job lease that accepted posts renew (docs/native-api.md#progress, #job-lease).
 
 A :class:`ProgressSession` runs beside the backend: the worker :meth:`~ProgressSession.add`\\ s each delta the
 backend yields (``<think>`` tags split out incrementally, so reasoning and content are posted apart) and the
@@ -36,13 +36,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from horde_contract import RC, TEXT_JOB_LEASE_SECONDS, TRUSTED_TEXT_JOB_LEASE_CAP_SECONDS
 
-from horde_worker.contract import (
-    RC_CHAT_JOB_ABORTED,
-    RC_CHAT_PROGRESS_OUT_OF_SEQUENCE,
-    TEXT_JOB_LEASE_SECONDS,
-    TRUSTED_TEXT_JOB_LEASE_CAP_SECONDS,
-)
 from horde_worker.jobs import ChatDelta
 from horde_worker.metrics import WorkerMetrics
 from horde_worker.replies import ThinkSplitter
@@ -231,11 +226,11 @@ class ProgressSession:
                 self._count("unavailable" if status == 503 else "error")
                 log.info("job %s: progress seq %d answered %d", self.job_id, self.seq, status)
                 continue
-            if status == 404 and rc == RC_CHAT_JOB_ABORTED:
+            if status == 404 and rc == RC.ChatJobAborted:
                 self._count("aborted")
                 self._abort("aborted")
                 return
-            if status == 409 and rc == RC_CHAT_PROGRESS_OUT_OF_SEQUENCE and _is_seq(data.get("expected_seq")):
+            if status == 409 and rc == RC.ChatProgressOutOfSequence and _is_seq(data.get("expected_seq")):
                 self._count("out_of_sequence")
                 self._conflicts += 1
                 if self._conflicts > MAX_SEQUENCE_CONFLICTS:

@@ -1,7 +1,7 @@
 """Turning backend output into submit bodies: reasoning split, tool checks, strict schemas, finish reasons.
 
-Spec: chat-requests.md **Structured submit**, **Reasoning**, **Reply verification** (the checks the Horde makes,
-which the worker makes first so that a declared guarantee holds), **Worker fault reasons**; worker-side.md §4.
+See docs/native-api.md#submit, #reasoning, #reply-verification (the checks the Horde makes,
+which the worker makes first so that a declared guarantee holds), #worker-fault-reasons; worker/README.md#what-the-worker-declares.
 Every function here is pure.
 """
 
@@ -11,17 +11,20 @@ import json
 import logging
 from typing import Any
 
-from horde_worker.contract import (
-    MAX_NATIVE_FINISH_REASON_LENGTH,
-    MAX_REPORTED_TOKENS,
-    MAX_TOOL_CALLS,
+from horde_contract import (
+    MAX_CHAT_NATIVE_FINISH_REASON_LENGTH,
+    MAX_CHAT_REPORTED_TOKENS,
+    MAX_CHAT_TOOL_CALL_COUNT,
     ChatFaultReason,
     ChatGuarantee,
+)
+from horde_contract.reply_schema import (
     SchemaBoundExceeded,
     SchemaUncompilable,
     compile_reply_schema,
     reply_schema_error,
 )
+
 from horde_worker.jobs import BackendFault, ChatJob, ChatOutput, TextJob
 
 log = logging.getLogger(__name__)
@@ -31,7 +34,7 @@ THINK_CLOSE = "</think>"
 
 
 def split_reasoning(text: str | None) -> tuple[str | None, str | None]:
-    """Split ``<think>…</think>`` blocks out of generated text (spec: **Reasoning**).
+    """Split ``<think>…</think>`` blocks out of generated text (docs/native-api.md#reasoning).
 
     Returns ``(content, reasoning)``: ``content`` is the text outside every block (leading whitespace after a
     block removed), ``reasoning`` the blocks' text joined by blank lines, or ``None`` when there was no block.
@@ -236,7 +239,7 @@ def normalize_tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """OpenAI-shape each call as ``{id, type: "function", function: {name, arguments: str}}``.
 
     A missing or repeated id is replaced by ``call_<n>`` (the worker mints ids; backends such as koboldcpp mint
-    ``call_<5 digits>`` that can collide, worker-side.md §3), so two calls never share an id. Raises
+    ``call_<5 digits>`` that can collide), so two calls never share an id. Raises
     :class:`BackendFault` ``tool_violation`` on a call without a function name.
     """
     out: list[dict[str, Any]] = []
@@ -271,7 +274,7 @@ def check_tool_calls(
 
     - ``parallel_tool_calls`` false keeps the first call (``single_tool_call_enforced``);
     - every call names a function in the job's ``tools``, and a job without tools gets no call (the Horde
-      refuses both under either conformance, **Reply verification**);
+      refuses both under either conformance, docs/native-api.md#reply-verification);
     - at most 128 calls;
     - with ``tool_choice_enforced`` declared, a required or function choice gets at least one call, and a
       forced function is the one called.
@@ -285,7 +288,7 @@ def check_tool_calls(
         name = call["function"]["name"]
         if name not in names:
             raise BackendFault(ChatFaultReason.tool_violation.value, f"call to {name!r}, not among the tools")
-    if len(calls) > MAX_TOOL_CALLS:
+    if len(calls) > MAX_CHAT_TOOL_CALL_COUNT:
         raise BackendFault(ChatFaultReason.tool_violation.value, f"{len(calls)} tool calls")
     if ChatGuarantee.tool_choice_enforced.value in declared and job.requires_tool_call:
         if not calls:
@@ -317,7 +320,7 @@ def schema_validator(schema: dict[str, Any]) -> Any:
     the draft its ``$schema`` names (Draft 2020-12 otherwise), patterns matched with RE2, references resolved in
     an empty registry (inside the schema only: no ``file://``, no URL is ever fetched), checking bounded in
     steps and CPU time. Raises :class:`BackendFault` ``unbuildable_grammar`` when the schema does not compile,
-    since the worker cannot enforce a schema it cannot check (spec: **Reply verification**); returns None when
+    since the worker cannot enforce a schema it cannot check (docs/native-api.md#reply-verification); returns None when
     checking the schema alone exceeds the bounds (the Horde judges the reply then).
     """
     try:
@@ -367,14 +370,14 @@ def check_strict_schema(job: ChatJob, content: str | None, has_tool_calls: bool)
 def _count(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int):
         return None
-    limit: int = MAX_REPORTED_TOKENS
+    limit: int = MAX_CHAT_REPORTED_TOKENS
     return max(0, min(value, limit))
 
 
 def build_chat_submit(
     job: ChatJob, output: ChatOutput, model_id: str, declared: frozenset[str]
 ) -> dict[str, Any]:
-    """The structured submit body for a chat reply (spec: **Structured submit**).
+    """The structured submit body for a chat reply (docs/native-api.md#submit).
 
     Returns ``{id, message: {role: "assistant", content, tool_calls?, reasoning_content?}, finish_reason,
     native_finish_reason?, prompt_tokens?, completion_tokens?, reasoning_tokens?, model_id}``; counts appear
@@ -404,7 +407,7 @@ def build_chat_submit(
         "model_id": model_id,
     }
     if output.native_finish_reason:
-        body["native_finish_reason"] = str(output.native_finish_reason)[:MAX_NATIVE_FINISH_REASON_LENGTH]
+        body["native_finish_reason"] = str(output.native_finish_reason)[:MAX_CHAT_NATIVE_FINISH_REASON_LENGTH]
     for key in ("prompt_tokens", "completion_tokens", "reasoning_tokens"):
         value = _count(getattr(output, key))
         if value is not None:
@@ -413,7 +416,7 @@ def build_chat_submit(
 
 
 def build_chat_fault(job_id: str, model_id: str, reason: str | None) -> dict[str, Any]:
-    """A faulted chat submit ``{id, state: "faulted", model_id, fault_reason?}`` (spec: **Structured submit**)."""
+    """A faulted chat submit ``{id, state: "faulted", model_id, fault_reason?}`` (docs/native-api.md#submit)."""
     body: dict[str, Any] = {"id": job_id, "state": "faulted", "model_id": model_id}
     if reason:
         body["fault_reason"] = reason
@@ -421,12 +424,12 @@ def build_chat_fault(job_id: str, model_id: str, reason: str | None) -> dict[str
 
 
 def build_text_submit(job: TextJob, generation: str) -> dict[str, Any]:
-    """A legacy text submit ``{id, generation, state: "ok", seed}`` (ai-horde-text-path.md §4)."""
+    """A legacy text submit ``{id, generation, state: "ok", seed}`` (docs/native-api.md#submit)."""
     return {"id": job.id, "generation": generation, "state": "ok", "seed": job.seed}
 
 
 def build_text_fault(job_id: str) -> dict[str, Any]:
-    """A faulted text submit; upstream requires ``generation`` even then (ai-horde-text-path.md §4)."""
+    """A faulted text submit; upstream requires ``generation`` even then (docs/native-api.md#submit)."""
     return {"id": job_id, "state": "faulted", "generation": "faulted", "seed": -1}
 
 

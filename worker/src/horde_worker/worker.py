@@ -1,17 +1,17 @@
-"""The worker loop: pop → backend → submit, one loop per thread (issue 4, Build 2; worker-side.md §2, §4).
+"""The worker loop: pop → backend → submit, one loop per thread (docs/worker-guide.md#the-loop).
 
-Each pop sends the upstream fields (ai-horde-text-path.md §3) and the chat declaration (chat-requests.md
-**Chat declaration on pop**), and ``wait_seconds`` (``pop_wait_seconds``, 10 s by default; README: Long-poll
-pop): dispatch holds an empty pop that long and answers as soon as a job is queued, so the loop pops again at
+Each pop sends the upstream fields (docs/native-api.md#pop) and the chat declaration (docs/native-api.md
+#chat-declaration), and ``wait_seconds`` (``pop_wait_seconds``, 10 s by default;
+docs/worker-guide.md#long-poll): dispatch holds an empty pop that long and answers as soon as a job is queued, so the loop pops again at
 once after an empty long poll. With ``pop_wait_seconds`` 0, or when the answer came back well before the wait
 (a horde that does not long-poll), empty pops back off 1/2/3 s as koboldcpp's worker does. A chat job's reply
-goes through :func:`horde_worker.replies.build_chat_submit` and is submitted structured (**Structured
-submit**), or faulted with a reason (**Worker fault reasons**); a legacy text job is submitted as
+goes through :func:`horde_worker.replies.build_chat_submit` and is submitted structured (
+docs/native-api.md#submit), or faulted with a reason (docs/native-api.md#worker-fault-reasons); a legacy text job is submitted as
 ``{id, generation, state, seed}``.
 
 A chat job carrying the stream hint (and no tools) is generated with the backend's ``stream_chat`` while a
 :class:`horde_worker.progress.ProgressSession` posts its deltas about once a ``progress_interval``
-(**Streaming progress**); each accepted post renews the job's local deadline (**Job lease**), and a cancel
+(docs/native-api.md#progress); each accepted post renews the job's local deadline (docs/native-api.md#job-lease), and a cancel
 (``cancelled: true`` or 404 ``ChatJobAborted``) aborts the generation and skips the submit.
 
 Submit answers: 200 done; 404 and 400 ``AbortedGen``/``DuplicateGen`` drop the job; any other 400 on a chat
@@ -33,18 +33,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-
-from horde_worker import __version__
-from horde_worker.backends.base import Backend
-from horde_worker.config import WorkerSettings
-from horde_worker.contract import (
-    MAX_MESSAGES_URL_BYTES,
-    RC_ABORTED_GEN,
-    RC_DUPLICATE_GEN,
+from horde_contract import (
+    MAX_CHAT_BODY_BYTES,
+    RC,
     TEXT_JOB_LEASE_SECONDS,
     TRUSTED_TEXT_JOB_LEASE_CAP_SECONDS,
     ChatFaultReason,
 )
+
+from horde_worker import __version__
+from horde_worker.backends.base import Backend
+from horde_worker.config import WorkerSettings
 from horde_worker.declaration import Capabilities, build_declaration
 from horde_worker.jobs import BackendFault, ChatJob, ChatOutput, JobCancelled, TextJob
 from horde_worker.metrics import MetricsServer, WorkerMetrics
@@ -78,7 +77,7 @@ def bridge_agent(url: str) -> str:
 
 def empty_pop_delay(count: int, delays: tuple[float, float, float] = (1.0, 2.0, 3.0)) -> float:
     """Seconds to wait after the ``count``-th empty pop in a row: koboldcpp's 1 s for the first 10, 2 s up to
-    25, then 3 s (worker-side.md §1.2)."""
+    25, then 3 s (docs/worker-guide.md#the-loop)."""
     if count <= 10:
         return delays[0]
     if count <= 25:
@@ -444,8 +443,8 @@ class Worker:
         )
 
     async def _fetch_messages(self, url: str) -> list[dict[str, Any]]:
-        """GET an offloaded messages array (spec: Messages offload): gzip honoured, 36 MiB cap. A failure is a
-        fault without reason (worker-side.md §2)."""
+        """GET an offloaded messages array (docs/native-api.md#messages-offload): gzip honoured, 36 MiB cap. A failure is a
+        fault without reason (docs/worker-guide.md#faults)."""
         try:
             async with httpx.AsyncClient(timeout=30.0, follow_redirects=True) as client:
                 async with client.stream("GET", url) as resp:
@@ -454,7 +453,7 @@ class Worker:
                     chunks, size = [], 0
                     async for chunk in resp.aiter_bytes():  # decoded: Content-Encoding gzip is undone here
                         size += len(chunk)
-                        if size > MAX_MESSAGES_URL_BYTES:
+                        if size > MAX_CHAT_BODY_BYTES:
                             raise BackendFault(None, "messages_url body over 36 MiB")
                         chunks.append(chunk)
             messages = json.loads(b"".join(chunks))
@@ -504,7 +503,7 @@ class Worker:
                     log.info("job %s: gone (404 %s); dropped", job_id, rc)
                     return "dropped"
                 if status == 400:
-                    if rc in (RC_ABORTED_GEN, RC_DUPLICATE_GEN):
+                    if rc in (RC.AbortedGen, RC.DuplicateGen):
                         log.info("job %s: %s; dropped", job_id, rc)
                         return "dropped"
                     log.warning("job %s: submit refused: %s %s", job_id, rc, message[:300])

@@ -1,6 +1,6 @@
 """Gemma's turn template, rendered by the worker (the gemma3-270m GGUF carries no chat template).
 
-Format (worker-side.md §5)::
+Format::
 
     <start_of_turn>user
     {system text}

@@ -1,7 +1,7 @@
 """The ``llamacpp`` backend: llama-cpp-python in process, on the gemma3-270m model by default.
 
 Needs the optional extra (``uv sync --all-packages --extra llamacpp``). The worker owns everything here
-(worker-side.md §4 "Built-in"): its own Gemma template (:mod:`horde_worker.backends.gemma`), grammars compiled
+(worker/README.md#what-the-worker-declares): its own Gemma template (:mod:`horde_worker.backends.gemma`), grammars compiled
 from JSON schemas (``unbuildable_grammar`` when that fails), exact token counts (``prompt_overflow`` before
 generating), a fixed seed, ``<end_of_turn>`` as stop. It declares every feature but ``vision`` and
 ``reasoning_effort``, and every guarantee. One model serves one generation at a time.
@@ -24,9 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from horde_contract import ChatFaultReason, ChatFeature
+from horde_contract.vocab import CHAT_FEATURE_VALUES, CHAT_GUARANTEE_VALUES
+
 from horde_worker.backends import gemma
 from horde_worker.backends.base import Backend
-from horde_worker.contract import FEATURES, GUARANTEES, ChatFaultReason, ChatFeature
 from horde_worker.declaration import Capabilities
 from horde_worker.jobs import BackendFault, ChatDelta, ChatJob, ChatOutput, TextJob
 from horde_worker.replies import split_reasoning
@@ -105,10 +107,10 @@ class LlamaCppBackend(Backend):
     async def start(self) -> Capabilities:
         """Load the model (assembling the GGUF on first use); return the capabilities."""
         self.llm = await asyncio.to_thread(self._load)
-        feats = set(FEATURES) - {ChatFeature.vision.value, ChatFeature.reasoning_effort.value}
+        feats = set(CHAT_FEATURE_VALUES) - {ChatFeature.vision.value, ChatFeature.reasoning_effort.value}
         return Capabilities(
             features=frozenset(feats),
-            guarantees=frozenset(GUARANTEES),
+            guarantees=frozenset(CHAT_GUARANTEE_VALUES),
             max_context_length=self.n_ctx,
             max_length=None,
             model_name=self.model_name,

@@ -1,6 +1,6 @@
 """The ``openai`` backend: any OpenAI-compatible server (llama-server, koboldcpp, vLLM, Ollama, llama-cpp-python).
 
-Facts and quirks: worker-side.md §3 and §4. The server's *flavor* is detected at start-up (or set with
+Facts and quirks: worker/README.md (each backend, and what the worker declares for it). The server's *flavor* is detected at start-up (or set with
 ``--openai-flavor``) and decides the declaration and the request/response mapping:
 
 - ``koboldcpp``: ``json_object`` is sent as ``json_schema {"type": "object"}`` (its json grammar's root is an
@@ -45,9 +45,9 @@ from pathlib import PurePosixPath
 from typing import Any
 
 import httpx
+from horde_contract import TEXT_JOB_LEASE_SECONDS, ChatFaultReason, ChatFeature, ChatGuarantee
 
 from horde_worker.backends.base import Backend
-from horde_worker.contract import TEXT_JOB_LEASE_SECONDS, ChatFaultReason, ChatFeature, ChatGuarantee
 from horde_worker.declaration import Capabilities
 from horde_worker.jobs import BackendFault, ChatDelta, ChatJob, ChatOutput, TextJob, message_text
 
@@ -95,7 +95,7 @@ def friendly_model_name(name: str | None) -> str | None:
 
 
 def capabilities_for(discovery: Discovery) -> Capabilities:
-    """The declaration inputs for a flavor (worker-side.md §4).
+    """The declaration inputs for a flavor (worker/README.md#what-the-worker-declares).
 
     Guarantees are declared only where the worker checks them itself: tool names and ids always, the first
     call kept under ``parallel_tool_calls: false``, strict schemas validated locally, and the prompt counted or
@@ -544,7 +544,7 @@ class OpenAIBackend(Backend):
             return None
 
     async def discover(self) -> Discovery:
-        """Probe the server: flavor, model name, context and output limits (worker-side.md §3 Discovery)."""
+        """Probe the server: flavor, model name, context and output limits (worker/README.md)."""
         d = Discovery(flavor=self.flavor if self.flavor != "auto" else GENERIC)
         kcpp = await self._get_json("/api/extra/version")
         props = await self._get_json("/props")

@@ -46,8 +46,10 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
+from horde_contract import MAX_CHAT_TEXT_BYTES, ChatFaultReason, ChatFeature
+from horde_contract.vocab import CHAT_FEATURE_VALUES, CHAT_GUARANTEE_VALUES
+
 from horde_worker.backends.base import Backend
-from horde_worker.contract import FEATURES, GUARANTEES, MAX_CHAT_TEXT_BYTES, ChatFaultReason, ChatFeature
 from horde_worker.declaration import Capabilities
 from horde_worker.jobs import BackendFault, ChatDelta, ChatJob, ChatOutput, TextJob, message_text
 from horde_worker.schema_sample import sample_value
@@ -128,9 +130,9 @@ class ScriptedBackend(Backend):
         """Report every feature but vision and every guarantee (or the configured ``features``)."""
         if self.features is not None:
             chosen = set(self.features)
-            feats, guars = chosen & FEATURES, chosen & GUARANTEES
+            feats, guars = chosen & CHAT_FEATURE_VALUES, chosen & CHAT_GUARANTEE_VALUES
         else:
-            feats, guars = set(FEATURES) - {ChatFeature.vision.value}, set(GUARANTEES)
+            feats, guars = set(CHAT_FEATURE_VALUES) - {ChatFeature.vision.value}, set(CHAT_GUARANTEE_VALUES)
         return Capabilities(
             features=frozenset(feats),
             guarantees=frozenset(guars),
