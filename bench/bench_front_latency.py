@@ -1,7 +1,7 @@
 """Benchmark of the OpenAI front's own overhead: a completion the worker answers at once, end to end.
 
 Run: ``uv run python bench/bench_front_latency.py`` (a quick run: 2 s of idle before the "first after idle"
-requests); ``--idle 30`` for the real run (issue 10: p50 under 150 ms, also for the first request after 30 s of
+requests); ``--idle 30`` for the real run (p50 under 150 ms, also for the first request after 30 s of
 quiet). Admission, dispatch, submit and the OpenAI front (``python -m horde_oai``) run as processes on the real
 PostgreSQL and Redis of horde_testing, on free ports, with the settings of ``make run`` (the front forwards its
 clients' addresses to admission with a proxy passkey) except the rate limits (admission's chat and key limits,

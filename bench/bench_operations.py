@@ -1,8 +1,9 @@
-"""Benchmark of the front's call records (README: Retries and idempotency): what retry safety adds per call.
+"""Benchmark of the front's call records (docs/openai-front.md#retries-and-idempotency): what retry safety adds per call.
 
 Run: ``uv run python bench/bench_operations.py`` (``--quick`` for a short run). Every chat completion the
 front admits makes two record scripts on Redis: the claim before the native submit and the end after the
-outcome (``horde_oai.operations``, one EVAL each, on the Redis of horde_testing). Cases, each at 1 and the
+outcome (``horde_core.operation_records``, one EVAL each, on the Redis of horde_testing, with the arguments the
+front's ``horde_oai.operations`` passes). Cases, each at 1 and the
 ``--concurrency`` callers over one shared client (the front's own arrangement: one pool per process):
 
 - new call: claim (a fresh record) then end ``delivered``;
@@ -23,9 +24,37 @@ import uuid
 from typing import Any
 
 from _harness import bench_parser, median_ms, percentile_ms, print_table
-from horde_core.redis_keys import CHAT_SIGNAL_DB, redis_client
-from horde_oai.operations import Call, OperationRecords, operation_record_key
+from horde_core.operation_records import CLAIM_SCRIPT, END_SCRIPT
+from horde_core.redis_keys import CHAT_SIGNAL_DB, operation_record_key, redis_client
 from horde_testing.stores import redis_store
+
+#: The record's lifetime the front gives a call (its native request's expiry, 20 minutes).
+RECORD_TTL_SECONDS = 20 * 60
+
+
+async def claim(client: Any, call_key: str, body_digest: str) -> str:
+    """The front's claim of a body call that declares no retry; returns the operation key it is to submit with
+    (a fresh one, or the record's when it joined)."""
+    found = await client.eval(
+        CLAIM_SCRIPT,
+        1,
+        operation_record_key(call_key),
+        str(uuid.uuid4()),
+        "body",
+        "0",
+        RECORD_TTL_SECONDS,
+        body_digest,
+    )
+    verdict, operation_key = found
+    assert verdict in ("new", "joined"), found
+    return str(operation_key)
+
+
+async def end(client: Any, call_key: str, operation_key: str, outcome: str) -> None:
+    """The front's end of an attempt with ``outcome`` (no error)."""
+    await client.eval(
+        END_SCRIPT, 1, operation_record_key(call_key), operation_key, outcome, "", "body", RECORD_TTL_SECONDS
+    )
 
 
 async def redis_cpu(client: Any) -> float:
@@ -39,9 +68,7 @@ async def eval_usec(client: Any) -> float:
     return float(entry.get("usec_per_call", 0.0))
 
 
-async def run_case(
-    client: Any, name: str, callers: int, calls: int, call: Any
-) -> tuple[list[str], str]:
+async def run_case(client: Any, name: str, callers: int, calls: int, call: Any) -> tuple[list[str], str]:
     latencies: list[float] = []
     await client.config_resetstat()
     cpu_redis = await redis_cpu(client)
@@ -81,26 +108,19 @@ async def main() -> int:
     failures = 0
     with redis_store() as rd:
         client = redis_client(rd.url, db=CHAT_SIGNAL_DB)
-        records = OperationRecords(client)
         tag = uuid.uuid4().hex[:8]
         rows: list[tuple[list[str], str]] = []
-        delivered: list[Call] = []
+        delivered: list[str] = []
 
         async def new_call(index: int, n: int) -> None:
-            call = await records.claim(
-                f"{tag}-{index}", f"b{n}", idempotency_key=None, client_operation_key=None, declared=False
-            )
-            assert isinstance(call, Call)
-            await call.end("delivered")
+            call_key = f"{tag}-{index}-{n}"
+            await end(client, call_key, await claim(client, call_key, f"b{n}"), "delivered")
             if n % 97 == 0:
-                delivered.append(call)
+                delivered.append(call_key)
 
         async def retry(index: int, n: int) -> None:
-            call = await records.claim(
-                f"{tag}-r{index}", "same", idempotency_key=None, client_operation_key=None, declared=False
-            )
-            assert isinstance(call, Call)
-            await call.end("retryable")
+            call_key = f"{tag}-r{index}"
+            await end(client, call_key, await claim(client, call_key, "same"), "retryable")
 
         async def ping(index: int, n: int) -> None:
             await client.ping()
@@ -110,11 +130,19 @@ async def main() -> int:
             rows.append(await run_case(client, "retry (join + end)", callers, calls, retry))
             rows.append(await run_case(client, "PING", callers, calls, ping))
         print_table(
-            ["case", "callers", "calls/s", "p50 ms", "p99 ms", "Redis us/EVAL", "CPU ms per call: client, Redis"],
+            [
+                "case",
+                "callers",
+                "calls/s",
+                "p50 ms",
+                "p99 ms",
+                "Redis us/EVAL",
+                "CPU ms per call: client, Redis",
+            ],
             rows,
         )
-        for call in delivered:
-            key = operation_record_key(call.call_key)
+        for call_key in delivered:
+            key = operation_record_key(call_key)
             record = await client.hgetall(key)
             ttl = await client.ttl(key)
             if record.get("state") != "delivered" or record.get("live") != "0" or ttl <= 0:

@@ -9,7 +9,7 @@ fixed number of concurrent HTTP clients and reports throughput and latency perce
   requesters, so the per-user rows rarely collide;
 - chat, strict schema: the same with a strict json_schema response format the reply is validated against;
 - chat, hot rows: one worker owner and one requester for every job (every settlement updates the same two
-  user rows: the worst case of the text path's hot-row lesson);
+  user rows: the worst case for row locks);
 - text: legacy text submits;
 - faulted: faulted chat submits with a fault reason (record + fault + restart).
 

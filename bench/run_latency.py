@@ -1,4 +1,4 @@
-"""Completion latency through a running ``make run`` stack (issue 10's first "done when").
+"""Completion latency through a running ``make run`` stack.
 
 Run ``make run`` in one terminal, then ``uv run python bench/run_latency.py`` in another. The OpenAI SDK sends
 ``--count`` sequential non-streamed completions to the front (the demo key and model of ``make run``; the

@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 import pytest
@@ -28,6 +29,15 @@ SERVICES = {
 }
 
 MODEL = "scripted/echo"
+HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under tests/e2e is marked ``e2e`` (``-m "not e2e"`` leaves them out). The hook sees the whole
+    session's items, hence the path test."""
+    for item in items:
+        if HERE in item.path.parents:
+            item.add_marker(pytest.mark.e2e)
 
 
 @dataclass
@@ -153,7 +163,9 @@ def stack(horde_settings_env: dict[str, str], stack_env_overrides: dict[str, str
             stack.processes[name] = process
         for process in stack.processes.values():
             process.wait_healthy(60)
-        stack.client_key = str(stack.admin("user", "create", "--username", "e2e-client", "--kudos", "1000")["api_key"])
+        stack.client_key = str(
+            stack.admin("user", "create", "--username", "e2e-client", "--kudos", "1000")["api_key"]
+        )
         stack.worker_key = str(
             stack.admin("user", "create", "--username", "e2e-worker-owner", "--trusted")["api_key"]
         )

@@ -1,4 +1,4 @@
-"""Bounded parsing on every route that takes a body (issue 9, item 1), each service its own process on real stores.
+"""Bounded parsing on every route that takes a body, each service its own process on real stores.
 
 Every route reads its body with horde_core's one reader (``horde_core.body``): a byte bound per route (413 past
 it, declared or chunked), then the JSON structure (elements and depth) checked on the raw bytes before any

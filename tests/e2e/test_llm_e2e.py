@@ -1,4 +1,4 @@
-"""Issue 4, "Done when" (make test-llm): a real model answers an OpenAI SDK call through the whole horde.
+"""A real model (make test-llm) answers an OpenAI SDK call through the whole horde.
 
 The reference worker runs the in-process llama.cpp backend on gemma3-270m; every service is its own process.
 Needs the llamacpp extra (``make test-llm`` installs it); deselected from the default suite by the marker.
@@ -75,7 +75,7 @@ def test_strict_json_schema_reply_validates(llm_stack: Stack) -> None:
 
 
 def test_the_model_streams_through_the_front_in_many_chunks(llm_stack: Stack) -> None:
-    """Issue 7: the llamacpp worker streams progress and the front relays it as it is generated."""
+    """The llamacpp worker streams progress and the front relays it as it is generated."""
     chunks = list(
         client(llm_stack).chat.completions.create(  # type: ignore[call-overload]
             model=MODEL,

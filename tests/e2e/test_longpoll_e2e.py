@@ -1,4 +1,4 @@
-"""Issue 10 item 1, "Done when": the long-poll pop across two dispatch processes (README: Long-poll pop).
+"""The long-poll pop across two dispatch processes (docs/worker-guide.md#long-poll).
 
 Long-polling workers spread over two dispatch processes wait while chat requests are queued through admission:
 every job is handed out exactly once, and soon after its request was queued (the stack's dispatch processes
@@ -76,7 +76,7 @@ def pop_body(name: str, wait: float, model: str = LONGPOLL_MODEL) -> dict[str, A
         "prompt_jobs": False,
         "chat_limits": {"max_context_length": 8192, "max_length": 1024},
         "model_id": model,
-        # a strict request needs the guarantee (spec: Guarantees)
+        # a strict request needs the guarantee (docs/native-api.md#guarantees)
         "chat_features": ["prompt_overflow_refused"],
         "wait_seconds": wait,
     }

@@ -1,4 +1,4 @@
-"""Issue 8, "Done when": a retried call is one request, every service its own process, the official OpenAI SDK
+"""A retried call is one request, every service its own process, the official OpenAI SDK
 at its default retry settings (two retries).
 
 - The first attempt meets a 502 from a briefly stopped admission (its submits wait in admission's socket
@@ -85,7 +85,9 @@ class Client:
 
     def requests_cancelled(self) -> int:
         rows = query(
-            self.stack, "SELECT count(*) AS n FROM waiting_prompts WHERE user_id = $1 AND cancelled", self.user_id
+            self.stack,
+            "SELECT count(*) AS n FROM waiting_prompts WHERE user_id = $1 AND cancelled",
+            self.user_id,
         )
         return int(rows[0]["n"])
 
@@ -189,7 +191,8 @@ def test_sdk_retry_after_a_dropped_connection_takes_the_request_over(retry_stack
         base_url=retry_stack.front,
         api_key=client.key,
         timeout=60,
-        http_client=httpx.Client(transport=transport),
+        # The SDK types its client as its own httpx build; an httpx.Client is what it uses at run time.
+        http_client=httpx.Client(transport=transport),  # type: ignore[arg-type]
     )
     completion = sdk.chat.completions.create(**ask(f"[[pace:3]] dropped {uuid.uuid4().hex}"))
     assert transport.dropped == 1
@@ -205,7 +208,8 @@ def test_sdk_retry_of_a_relayed_stream_replays_the_same_completion(retry_stack: 
         base_url=retry_stack.front,
         api_key=client.key,
         timeout=60,
-        http_client=httpx.Client(transport=transport),
+        # The SDK types its client as its own httpx build; an httpx.Client is what it uses at run time.
+        http_client=httpx.Client(transport=transport),  # type: ignore[arg-type]
     )
     stream = sdk.chat.completions.create(
         **ask(f"[[pace:2]] [[words:12]] streamed {uuid.uuid4().hex}"), stream=True
@@ -348,7 +352,9 @@ def test_a_retry_beyond_the_streams_connection_limit_is_409_and_lets_go(retry_st
         try:
             for _ in range(4):  # MAX_STREAM_CONNECTIONS
                 response = http.send(
-                    http.build_request("POST", f"{retry_stack.front}/chat/completions", json=body, headers=headers),
+                    http.build_request(
+                        "POST", f"{retry_stack.front}/chat/completions", json=body, headers=headers
+                    ),
                     stream=True,
                 )
                 assert response.status_code == 200

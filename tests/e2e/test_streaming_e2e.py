@@ -1,4 +1,4 @@
-"""Issue 7, "Done when": streaming end to end, every service its own process, the official OpenAI SDK.
+"""Streaming end to end, every service its own process, the official OpenAI SDK.
 
 The scripted worker paces its reply (``[[pace:SECONDS]]``, ``[[words:N]]``) and posts progress about once a
 second; the front relays it chunk by chunk. Also: tools and structured output still arrive whole; a client
@@ -102,7 +102,7 @@ def worker_jobs(stack: Stack, outcome: str) -> float:
     url = str(worker.health_url).replace("/healthz", "/metrics")
     text = httpx.get(url, timeout=5).text
     total = 0.0
-    for match in re.finditer(r'^horde_worker_jobs_total\{([^}]*)\} ([0-9.e+]+)$', text, re.M):
+    for match in re.finditer(r"^horde_worker_jobs_total\{([^}]*)\} ([0-9.e+]+)$", text, re.M):
         if f'outcome="{outcome}"' in match.group(1):
             total += float(match.group(2))
     return total
@@ -128,7 +128,11 @@ def test_a_paced_reply_arrives_chunk_by_chunk(streaming_stack: Stack) -> None:
     chunks = [chunk for _, chunk in arrivals]
     content_at = [t for t, c in arrivals if c.choices and c.choices[0].delta.content]
     kinds = [
-        "reasoning" if reasoning_of(c.choices[0].delta) else "content" if c.choices[0].delta.content else "other"
+        "reasoning"
+        if reasoning_of(c.choices[0].delta)
+        else "content"
+        if c.choices[0].delta.content
+        else "other"
         for c in chunks
         if c.choices
     ]
@@ -138,7 +142,9 @@ def test_a_paced_reply_arrives_chunk_by_chunk(streaming_stack: Stack) -> None:
     assert content_at[-1] - content_at[0] >= 1.5, content_at
     spread = {int(t * 2) for t in content_at}  # half-second slots that saw content
     assert len(spread) >= 4, content_at
-    assert "reasoning" in kinds and kinds.index("content") > max(i for i, k in enumerate(kinds) if k == "reasoning")
+    assert "reasoning" in kinds and kinds.index("content") > max(
+        i for i, k in enumerate(kinds) if k == "reasoning"
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     # One completion id, model and fingerprint on every chunk; the fingerprint comes from the worker.
     assert len({c.id for c in chunks}) == 1 and {c.model for c in chunks} == {MODEL}
@@ -162,12 +168,18 @@ def test_tools_and_structured_output_are_still_delivered_whole(streaming_stack: 
         "type": "function",
         "function": {
             "name": "get_weather",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
         },
     }
-    chunks = list(
+    chunks: list[Any] = list(
         client(streaming_stack).chat.completions.create(
-            **ask("[[tool]] [[pace:2]] weather?"), tools=[tool], stream=True  # type: ignore[arg-type]
+            **ask("[[tool]] [[pace:2]] weather?"),
+            tools=[tool],
+            stream=True,  # type: ignore[arg-type,list-item]
         )
     )
     deltas = [c.choices[0].delta for c in chunks if c.choices]
@@ -183,7 +195,10 @@ def test_tools_and_structured_output_are_still_delivered_whole(streaming_stack: 
     chunks = list(
         client(streaming_stack).chat.completions.create(
             **ask("[[pace:2]] structured please"),
-            response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema, "strict": True}},
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "a", "schema": schema, "strict": True},
+            },
             stream=True,
         )
     )
@@ -191,12 +206,16 @@ def test_tools_and_structured_output_are_still_delivered_whole(streaming_stack: 
     assert len(contents) == 1 and "answer" in json.loads(contents[0])
 
 
-def test_a_client_that_disconnects_cancels_and_the_worker_stops_without_submitting(streaming_stack: Stack) -> None:
+def test_a_client_that_disconnects_cancels_and_the_worker_stops_without_submitting(
+    streaming_stack: Stack,
+) -> None:
     cancelled_before = worker_jobs(streaming_stack, "cancelled")
     body = {**ask("[[pace:30]] [[words:300]] a long one"), "stream": True}
     headers = {"Authorization": f"Bearer {streaming_stack.client_key}"}
     request_id, last_id = None, None
-    with httpx.stream("POST", f"{streaming_stack.front}/chat/completions", json=body, headers=headers, timeout=60) as r:
+    with httpx.stream(
+        "POST", f"{streaming_stack.front}/chat/completions", json=body, headers=headers, timeout=60
+    ) as r:
         assert r.status_code == 200
         for event_id, data in sse_events(r):
             if isinstance(data, dict) and data["choices"] and data["choices"][0]["delta"].get("content"):
@@ -209,7 +228,9 @@ def test_a_client_that_disconnects_cancels_and_the_worker_stops_without_submitti
     wait_for(lambda: native_status(streaming_stack, request_id)["done"], 10, "the request to end")
     status = native_status(streaming_stack, request_id)
     assert not [g for g in status["generations"] if g.get("message") or g.get("text")]
-    (wp,) = query(streaming_stack, "SELECT cancelled FROM waiting_prompts WHERE id = $1", uuid.UUID(request_id))
+    (wp,) = query(
+        streaming_stack, "SELECT cancelled FROM waiting_prompts WHERE id = $1", uuid.UUID(request_id)
+    )
     assert wp["cancelled"] is True
     (gen,) = query(
         streaming_stack,
@@ -236,11 +257,18 @@ def test_a_restart_after_exposure_ends_the_stream_with_chat_stream_diverged(stre
     events: list[Any] = []
     worker = streaming_stack.workers[0]
     killed = False
-    with httpx.stream("POST", f"{streaming_stack.front}/chat/completions", json=body, headers=headers, timeout=90) as r:
+    with httpx.stream(
+        "POST", f"{streaming_stack.front}/chat/completions", json=body, headers=headers, timeout=90
+    ) as r:
         assert r.status_code == 200
         for _, data in sse_events(r):
             events.append(data)
-            if not killed and isinstance(data, dict) and data.get("choices") and data["choices"][0]["delta"].get("content"):
+            if (
+                not killed
+                and isinstance(data, dict)
+                and data.get("choices")
+                and data["choices"][0]["delta"].get("content")
+            ):
                 worker.kill()  # mid-reply: its lease lapses and the job restarts on the restarted worker
                 worker.restart()
                 killed = True
@@ -263,8 +291,9 @@ def test_a_generation_that_outlasts_its_first_lease_finishes(streaming_stack: St
     request_id = request_id_of(chunks[0].id)
     status = native_status(streaming_stack, request_id)
     assert status["done"] and not status["faulted"]
-    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == (
-        status["generations"][0]["message"]["content"]
+    assert (
+        "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        == (status["generations"][0]["message"]["content"])
     )
     (gen,) = query(
         streaming_stack,
@@ -281,7 +310,11 @@ def test_last_event_id_resumes_the_same_completion(streaming_stack: Stack) -> No
     (before,) = query(streaming_stack, "SELECT count(*) AS n FROM waiting_prompts")
     first_part, last_id, request_id = "", None, None
     with httpx.stream(
-        "POST", f"{streaming_stack.front}/chat/completions", json={**body, "stream": True}, headers=headers, timeout=60
+        "POST",
+        f"{streaming_stack.front}/chat/completions",
+        json={**body, "stream": True},
+        headers=headers,
+        timeout=60,
     ) as r:
         seen = 0
         for event_id, data in sse_events(r):
@@ -297,13 +330,16 @@ def test_last_event_id_resumes_the_same_completion(streaming_stack: Stack) -> No
     )
     rest = list(resumed)
     assert {c.id for c in rest} == {f"chatcmpl-{request_id}"}
+    assert request_id is not None
     status = native_status(streaming_stack, request_id)
     assert status["done"] and not status["faulted"]
     full = status["generations"][0]["message"]["content"]
     assert first_part + "".join(c.choices[0].delta.content or "" for c in rest if c.choices) == full
     (after,) = query(streaming_stack, "SELECT count(*) AS n FROM waiting_prompts")
     assert after["n"] == before["n"] + 1  # no second request row, so no second charge
-    (wp,) = query(streaming_stack, "SELECT cancelled FROM waiting_prompts WHERE id = $1", uuid.UUID(request_id))
+    (wp,) = query(
+        streaming_stack, "SELECT cancelled FROM waiting_prompts WHERE id = $1", uuid.UUID(request_id)
+    )
     assert wp["cancelled"] is False  # the drop was resumed within the grace, so the front did not cancel
     # Another key, or another body, cannot take the stream over.
     other = openai.OpenAI(base_url=streaming_stack.front, api_key=streaming_stack.worker_key, max_retries=0)
@@ -314,7 +350,9 @@ def test_last_event_id_resumes_the_same_completion(streaming_stack: Stack) -> No
     with pytest.raises(openai.NotFoundError):
         list(
             client(streaming_stack).chat.completions.create(
-                **ask("[[pace:5]] [[words:50]] another body"), stream=True, extra_headers={"Last-Event-ID": last_id}
+                **ask("[[pace:5]] [[words:50]] another body"),
+                stream=True,
+                extra_headers={"Last-Event-ID": last_id},
             )
         )
 
@@ -323,7 +361,9 @@ def test_a_second_connection_that_drops_does_not_cancel_the_first(streaming_stac
     body = {**ask("[[pace:5]] [[words:50]] two readers"), "stream": True}
     headers = {"Authorization": f"Bearer {streaming_stack.client_key}"}
     text, request_id, resumed = "", None, False
-    with httpx.stream("POST", f"{streaming_stack.front}/chat/completions", json=body, headers=headers, timeout=60) as r:
+    with httpx.stream(
+        "POST", f"{streaming_stack.front}/chat/completions", json=body, headers=headers, timeout=60
+    ) as r:
         for event_id, data in sse_events(r):
             if not isinstance(data, dict) or not data.get("choices"):
                 continue
@@ -358,5 +398,7 @@ def test_a_second_connection_that_drops_does_not_cancel_the_first(streaming_stac
     status = native_status(streaming_stack, request_id)
     assert status["done"] and not status["faulted"]
     assert text == status["generations"][0]["message"]["content"]
-    (wp,) = query(streaming_stack, "SELECT cancelled FROM waiting_prompts WHERE id = $1", uuid.UUID(request_id))
+    (wp,) = query(
+        streaming_stack, "SELECT cancelled FROM waiting_prompts WHERE id = $1", uuid.UUID(request_id)
+    )
     assert wp["cancelled"] is False

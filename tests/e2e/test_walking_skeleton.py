@@ -52,7 +52,9 @@ def test_openai_sdk_gets_the_workers_reply(stack: Stack) -> None:
 def test_unknown_model_is_refused_by_admission_through_the_front(stack: Stack) -> None:
     client = openai.OpenAI(base_url=stack.front, api_key=stack.client_key, max_retries=0, timeout=30)
     with pytest.raises(openai.NotFoundError):
-        client.chat.completions.create(model="nobody/serves-this", messages=[{"role": "user", "content": "x"}])
+        client.chat.completions.create(
+            model="nobody/serves-this", messages=[{"role": "user", "content": "x"}]
+        )
     r = httpx.post(
         f"{stack.native}/generate/chat/async",
         headers={"apikey": stack.client_key},

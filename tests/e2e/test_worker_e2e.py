@@ -1,4 +1,4 @@
-"""Issue 4, "Done when": the reference worker (scripted backend) against every service as its own process.
+"""The reference worker (scripted backend) against every service as its own process.
 
 Plain, tool-call and reasoning replies through the OpenAI SDK, a legacy text job, and each fault reason
 reaching submit as a faulted chat submit with that ``fault_reason`` (seen on submit's
@@ -17,7 +17,13 @@ import pytest
 from .conftest import MODEL, Stack
 
 GREETING = "Hello from the scripted backend:"
-FAULT_REASONS = ["prompt_overflow", "unbuildable_grammar", "tool_violation", "reply_refused", "generation_error"]
+FAULT_REASONS = [
+    "prompt_overflow",
+    "unbuildable_grammar",
+    "tool_violation",
+    "reply_refused",
+    "generation_error",
+]
 STORED_FAULT_MESSAGES = {
     "prompt_overflow": "The worker could not fit the prompt into its context.",
     "unbuildable_grammar": "The worker could not build the grammar the request's tool choice or response format needs.",
@@ -53,7 +59,7 @@ def client(stack: Stack) -> openai.OpenAI:
 def worker_faults(stack: Stack) -> dict[str, float]:
     text = httpx.get(f"{stack.url('submit')}/metrics", timeout=10).text
     counts: dict[str, float] = {}
-    for match in re.finditer(r'^horde_chat_worker_faults_total\{([^}]*)\} ([0-9.e+]+)$', text, re.M):
+    for match in re.finditer(r"^horde_chat_worker_faults_total\{([^}]*)\} ([0-9.e+]+)$", text, re.M):
         labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1)))
         counts[labels["reason"]] = counts.get(labels["reason"], 0.0) + float(match.group(2))
     return counts
@@ -61,7 +67,8 @@ def worker_faults(stack: Stack) -> dict[str, float]:
 
 def test_plain_reply(worker_stack: Stack) -> None:
     completion = client(worker_stack).chat.completions.create(
-        model=MODEL, messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "plain"}]
+        model=MODEL,
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "plain"}],
     )
     assert completion.choices[0].message.content == f"{GREETING} plain"
     assert completion.choices[0].finish_reason == "stop"
@@ -88,7 +95,9 @@ def test_reasoning_reply(worker_stack: Stack) -> None:
     )
     message = completion.choices[0].message
     assert message.content == f"{GREETING} ponder this"
-    reasoning = getattr(message, "reasoning_content", None) or (message.model_extra or {}).get("reasoning_content")
+    reasoning = getattr(message, "reasoning_content", None) or (message.model_extra or {}).get(
+        "reasoning_content"
+    )
     assert reasoning, "the reasoning is split out of content into reasoning_content"
     assert "<think>" not in (message.content or "")
 

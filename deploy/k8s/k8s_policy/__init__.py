@@ -1,0 +1,38 @@
+"""The policy rules of ``make k8s-check`` (deploy/k8s/check.py runs them), one module per rule family:
+
+- ``render``: kustomize renders, and the ``kubectl kustomize`` cross-check;
+- ``schemas``: strict Kubernetes schema validation (kubernetes-validate's schemas);
+- ``objects``: names, labels, namespaces, pod security and resources, probes, selectors, endpoint settings;
+- ``references``: references resolve, the Ingress routes, every component is rendered;
+- ``network``: NetworkPolicy ingress and egress, trusted proxies;
+- ``secrets``: the Secret keys each workload reads, the proxy passkeys;
+- ``images``: the root Dockerfile, the image table and their agreement with the manifests.
+
+``contract`` holds the facts the rules check against; ``model`` the render (Target) and object helpers.
+A rule takes a Target and records each problem with ``Target.error``; tests under tests/k8s feed each rule a
+manifest that breaks it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .model import Target
+from .network import check_egress_ranges, check_network_policies, check_trusted_proxies
+from .objects import check_config, check_names, check_namespaces, check_pods, check_selectors
+from .references import check_references, check_routes
+from .secrets import check_secret_keys
+
+#: The rules run on every render (base and overlays).
+EVERY_RENDER: list[Callable[[Target], None]] = [
+    check_names,
+    check_namespaces,
+    check_pods,
+    check_selectors,
+    check_config,
+    check_network_policies,
+    check_egress_ranges,
+    check_secret_keys,
+]
+#: The rules run only on what gets deployed (overlays): references, routes and proxies need the whole cluster.
+DEPLOYABLE_ONLY: list[Callable[[Target], None]] = [check_references, check_routes, check_trusted_proxies]

@@ -1,0 +1,121 @@
+"""What the manifests must agree with: the project's routes, Secret keys, callers, ports and ranges, and the
+Kubernetes name and quantity grammars the API server enforces. Every rule module reads its facts from here."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from pathlib import Path
+
+#: deploy/k8s, and the repository root (the workspace the images are built from).
+HERE = Path(__file__).resolve().parent.parent
+REPO = HERE.parent.parent
+
+
+#: The Ingress contract (README.md#architecture, the brief of the deploy files): request path -> Service.
+EXPECTED_ROUTES = {
+    "/api/v2/generate/text/pop": "dispatch",
+    "/api/v2/generate/text/submit": "submit",
+    "/api/v2/generate/text/progress": "submit",
+    "/api/v2/generate/chat/async": "admission",
+    "/api/v2/generate/chat/status/abc": "admission",
+    "/api/v2/generate/text/async": "admission",
+    "/api/v2/generate/text/status/abc": "admission",
+    "/api/v2/status/models": "admission",
+    "/api/v2/workers": "dispatch",
+    "/v1/chat/completions": "oai-front",
+    "/v1/models": "oai-front",
+}
+
+#: Keys the processes need from the store Secret (rendered or external).
+STORE_SECRET = "horde-secrets"
+STORE_SECRET_KEYS = (
+    "HORDE_DATABASE_URL",
+    "HORDE_REDIS_URL",
+    "HORDE_SECRET_KEY",
+    "HORDE_S3_ACCESS_KEY_ID",
+    "HORDE_S3_SECRET_ACCESS_KEY",
+    "HORDE_PROXY_PASSKEYS",
+    "HORDE_OAI_PROXY_PASSKEY",
+)
+_S3 = ("HORDE_S3_ENDPOINT_URL", "HORDE_S3_ACCESS_KEY_ID", "HORDE_S3_SECRET_ACCESS_KEY")
+#: The Secret keys each workload reads (env secretKeyRef; a whole-Secret envFrom is refused): what it uses and
+#: nothing more. Keys in OPTIONAL_SECRET_KEYS may be absent (an optional reference).
+SECRET_KEYS = {
+    "admission": {"HORDE_DATABASE_URL", "HORDE_REDIS_URL", "HORDE_SECRET_KEY", *_S3, "HORDE_PROXY_PASSKEYS"},
+    "dispatch": {"HORDE_DATABASE_URL", "HORDE_REDIS_URL", "HORDE_SECRET_KEY", *_S3},
+    "submit": {"HORDE_DATABASE_URL", "HORDE_REDIS_URL", "HORDE_SECRET_KEY"},
+    "janitor": {"HORDE_DATABASE_URL", "HORDE_REDIS_URL", *_S3},
+    "oai-front": {"HORDE_REDIS_URL", "HORDE_OAI_PROXY_PASSKEY"},
+    "horde-migrate": {"HORDE_DATABASE_URL"},
+    "worker": {"HORDE_WORKER_API_KEY"},
+}
+OPTIONAL_SECRET_KEYS = {"HORDE_S3_ENDPOINT_URL"}
+#: The proxy passkeys: who reads which, always from a Secret (never a ConfigMap or a literal).
+PASSKEY_SETTINGS = {"admission": "HORDE_PROXY_PASSKEYS", "oai-front": "HORDE_OAI_PROXY_PASSKEY"}
+
+#: NetworkPolicies. gRPC: the services that call each gRPC port (README.md#architecture). HTTP: the in-cluster
+#: callers of each HTTP port besides the ingress controller (the front calls admission's native routes; the
+#: worker component pops and submits over the Services). A service the Ingress routes to admits the controller.
+GRPC_CALLERS = {"dispatch": {"admission"}, "submit": {"admission", "janitor"}}
+HTTP_CALLERS = {"admission": {"oai-front"}, "dispatch": {"worker"}, "submit": {"worker"}}
+#: Workloads whose egress is restricted, and what they may reach: the internet's web ports (image URLs),
+#: DNS, in-namespace gRPC, and stores on their ports.
+EGRESS_RESTRICTED = {"admission"}
+INTERNET_PORTS = {80, 443}
+DNS_PORTS = {53}
+STORE_PORTS = {5432, 6379, 9000}
+#: What admission's internet egress must never reach (besides the overlay's clusterCIDRs): RFC 1918,
+#: link-local (cloud metadata), carrier-grade NAT; IPv6 unique-local and link-local.
+FORBIDDEN_EGRESS = tuple(
+    ipaddress.ip_network(n)
+    for n in (
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "169.254.0.0/16",
+        "100.64.0.0/10",
+        "127.0.0.0/8",
+        "fc00::/7",
+        "fe80::/10",
+    )
+)
+METADATA_RANGES = tuple(ipaddress.ip_network(n) for n in ("169.254.0.0/16", "fe80::/10"))
+#: Services behind the Ingress read client addresses from X-Forwarded-For of trusted proxies only.
+TRUSTED_PROXY_SETTING = "HORDE_FORWARDED_ALLOW_IPS"
+
+#: HORDE_<X>_PORT settings and the Deployment/port name that must serve them.
+PORT_SETTINGS = {
+    "HORDE_ADMISSION_HTTP_PORT": ("admission", "http"),
+    "HORDE_DISPATCH_HTTP_PORT": ("dispatch", "http"),
+    "HORDE_DISPATCH_GRPC_PORT": ("dispatch", "grpc"),
+    "HORDE_SUBMIT_HTTP_PORT": ("submit", "http"),
+    "HORDE_SUBMIT_GRPC_PORT": ("submit", "grpc"),
+    "HORDE_JANITOR_HTTP_PORT": ("janitor", "http"),
+    "HORDE_OAI_HTTP_PORT": ("oai-front", "http"),
+}
+
+WORKLOAD_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob"}
+CLUSTER_SCOPED = {
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "CustomResourceDefinition",
+    "PriorityClass",
+    "StorageClass",
+    "PersistentVolume",
+    "IngressClass",
+    "ValidatingWebhookConfiguration",
+    "MutatingWebhookConfiguration",
+}
+
+DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+PORT_NAME = re.compile(r"^(?=.*[a-z])[a-z0-9]([a-z0-9]|-(?!-))*[a-z0-9]$|^[a-z]$")
+QUANTITY = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E|[eE][+-]?\d+)?$")
+ENDPOINT = re.compile(r"^(?:[a-z][a-z0-9+.-]*://)?(?:[^@/]*@)?([a-z][-a-z0-9]*):(\d+)(?:/.*)?$")
+BINARY_SUFFIX = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+DECIMAL_SUFFIX = {"m": 1e-3, "": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
