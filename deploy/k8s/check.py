@@ -49,7 +49,7 @@ from k8s_policy.render import kubectl_crosscheck, load_objects, render
 from k8s_policy.schemas import Schemas, validate_schemas
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=None, help="write each render to OUT/<target>.yaml")
     ap.add_argument(
@@ -71,87 +71,118 @@ def main(argv: list[str] | None = None) -> int:
         help="lint the Dockerfiles with hadolint (auto: when hadolint is on PATH)",
     )
     ap.add_argument("targets", nargs="*", help="kustomization directories (default: base and overlays/*)")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
 
+
+def _load_target(d: Path) -> Target:
+    """A kustomization directory with the overlay's external resources and cluster network, when it has them."""
+    name = d.name if d.parent.name != "overlays" else f"overlays/{d.name}"
+    external_file = d / "external-resources.yaml"
+    external = yaml.safe_load(external_file.read_text()) or [] if external_file.is_file() else []
+    network_file = d / "cluster-network.yaml"
+    network = yaml.safe_load(network_file.read_text()) or {} if network_file.is_file() else {}
+    return Target(name, d, deployable=d.parent.name == "overlays", external=external, network=network)
+
+
+def _load_targets(names: list[str]) -> list[Target]:
+    if names:
+        dirs = [Path(t).resolve() for t in names]
+    else:
+        dirs = [HERE / "base", *sorted(p.parent for p in (HERE / "overlays").glob("*/kustomization.yaml"))]
+    return [_load_target(d) for d in dirs]
+
+
+def _render_objects(t: Target) -> str | None:
+    """Render ``t`` and load its objects; None (the failure printed) when kustomize or the YAML fails."""
+    try:
+        text = render(t.path)
+    except Exception as exc:  # kustomize's own message
+        print(f"FAIL {t.name}: {str(exc).removeprefix('kustomize build failed: ')}")
+        return None
+    try:
+        t.objects = load_objects(text)
+    except yaml.YAMLError as exc:
+        print(f"FAIL {t.name}: rendered YAML does not parse: {exc}")
+        return None
+    return text
+
+
+def _run_rules(t: Target) -> None:
+    checks = EVERY_RENDER + (DEPLOYABLE_ONLY if t.deployable else [])
+    for check in checks:
+        try:
+            check(t)
+        except (TypeError, AttributeError, KeyError, ValueError) as exc:
+            # Objects of the wrong shape (the schema errors above say which) can trip a check.
+            t.error(check.__name__, f"could not run on this render ({type(exc).__name__}: {exc})")
+
+
+def _report_target(t: Target, versions: list[str], note: str, elapsed: float) -> bool:
+    """Print the target's problems or its summary; True when it passed."""
+    if t.errors:
+        print(f"FAIL {t.name}: {len(t.errors)} problem(s) in {len(t.objects)} objects")
+        for e in t.errors:
+            print(f"  - {e}")
+        return False
+    kinds: dict[str, int] = {}
+    for o in t.objects:
+        kinds[o["kind"]] = kinds.get(o["kind"], 0) + 1
+    summary = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+    print(
+        f"ok   {t.name}: {len(t.objects)} objects ({summary}); schemas of Kubernetes "
+        f"{' and '.join(versions)} (strict){note}; {elapsed:.1f}s"
+    )
+    return True
+
+
+def _check_target(t: Target, args: argparse.Namespace, versions: list[str], schemas: list[Schemas]) -> bool:
+    """Render, validate and check one target, printing the outcome; True when it passed."""
+    t0 = time.monotonic()
+    text = _render_objects(t)
+    if text is None:
+        return False
+    if args.out is not None:
+        out = args.out / f"{t.name.replace('/', '-')}.yaml"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+    note = kubectl_crosscheck(t, args.kubectl_crosscheck)
+    validate_schemas(t, schemas)
+    _run_rules(t)
+    return _report_target(t, versions, note, time.monotonic() - t0)
+
+
+def _check_dockerfile(targets: list[Target], hadolint: str) -> bool:
+    """Check the Dockerfile and the image table, printing the outcome; True when they passed."""
+    try:
+        image_problems = check_images(targets, hadolint)
+    except (TypeError, AttributeError, KeyError, ValueError) as exc:
+        image_problems = [f"could not check the images ({type(exc).__name__}: {exc})"]
+    if image_problems:
+        print(f"FAIL Dockerfile: {len(image_problems)} problem(s)")
+        for e in image_problems:
+            print(f"  - {e}")
+        return False
+    linted = " (hadolint clean)" if shutil.which("hadolint") and hadolint != "never" else ""
+    print(f"ok   Dockerfile: every image from one file, image table agrees with the manifests{linted}")
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
     started = time.monotonic()
     versions = args.k8s_version or ["1.30", "1.37"]
     schemas = [Schemas(v) for v in versions]
-
-    if args.targets:
-        dirs = [Path(t).resolve() for t in args.targets]
-    else:
-        dirs = [HERE / "base", *sorted(p.parent for p in (HERE / "overlays").glob("*/kustomization.yaml"))]
-    targets = []
-    for d in dirs:
-        name = d.name if d.parent.name != "overlays" else f"overlays/{d.name}"
-        external_file = d / "external-resources.yaml"
-        external = yaml.safe_load(external_file.read_text()) or [] if external_file.is_file() else []
-        network_file = d / "cluster-network.yaml"
-        network = yaml.safe_load(network_file.read_text()) or {} if network_file.is_file() else {}
-        targets.append(
-            Target(name, d, deployable=d.parent.name == "overlays", external=external, network=network)
-        )
+    targets = _load_targets(args.targets)
 
     failed = False
     for problem in check_components(targets):
         print(f"FAIL {problem}")
         failed = True
-
     for t in targets:
-        t0 = time.monotonic()
-        try:
-            text = render(t.path)
-        except Exception as exc:  # kustomize's own message
-            print(f"FAIL {t.name}: {str(exc).removeprefix('kustomize build failed: ')}")
+        if not _check_target(t, args, versions, schemas):
             failed = True
-            continue
-        try:
-            t.objects = load_objects(text)
-        except yaml.YAMLError as exc:
-            print(f"FAIL {t.name}: rendered YAML does not parse: {exc}")
-            failed = True
-            continue
-        if args.out is not None:
-            out = args.out / f"{t.name.replace('/', '-')}.yaml"
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(text)
-        note = kubectl_crosscheck(t, args.kubectl_crosscheck)
-        validate_schemas(t, schemas)
-        checks = EVERY_RENDER + (DEPLOYABLE_ONLY if t.deployable else [])
-        for check in checks:
-            try:
-                check(t)
-            except (TypeError, AttributeError, KeyError, ValueError) as exc:
-                # Objects of the wrong shape (the schema errors above say which) can trip a check.
-                t.error(check.__name__, f"could not run on this render ({type(exc).__name__}: {exc})")
-        elapsed = time.monotonic() - t0
-        if t.errors:
-            failed = True
-            print(f"FAIL {t.name}: {len(t.errors)} problem(s) in {len(t.objects)} objects")
-            for e in t.errors:
-                print(f"  - {e}")
-        else:
-            kinds: dict[str, int] = {}
-            for o in t.objects:
-                kinds[o["kind"]] = kinds.get(o["kind"], 0) + 1
-            summary = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
-            print(
-                f"ok   {t.name}: {len(t.objects)} objects ({summary}); schemas of Kubernetes "
-                f"{' and '.join(versions)} (strict){note}; {elapsed:.1f}s"
-            )
-
-    try:
-        image_problems = check_images(targets, args.hadolint)
-    except (TypeError, AttributeError, KeyError, ValueError) as exc:
-        image_problems = [f"could not check the images ({type(exc).__name__}: {exc})"]
-    if image_problems:
+    if not _check_dockerfile(targets, args.hadolint):
         failed = True
-        print(f"FAIL Dockerfile: {len(image_problems)} problem(s)")
-        for e in image_problems:
-            print(f"  - {e}")
-    else:
-        linted = " (hadolint clean)" if shutil.which("hadolint") and args.hadolint != "never" else ""
-        print(f"ok   Dockerfile: every image from one file, image table agrees with the manifests{linted}")
 
     total = time.monotonic() - started
     print(

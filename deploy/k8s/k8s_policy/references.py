@@ -5,6 +5,7 @@ contract path to its Service; every component is rendered by some overlay."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,120 +15,153 @@ from .contract import EXPECTED_ROUTES, HERE, STORE_SECRET, STORE_SECRET_KEYS
 from .model import Target, containers, ident, pod_template
 
 
-def check_references(target: Target) -> None:
-    by_kind: dict[str, dict[str, dict[str, Any]]] = {}
-    for obj in target.objects:
-        by_kind.setdefault(obj.get("kind", ""), {})[(obj.get("metadata") or {}).get("name", "")] = obj
-    external = {(e.get("kind"), e.get("name")): e for e in target.external}
+@dataclass
+class _Resolver:
+    """Resolves references of a render: to its objects (by kind, then name) or to its external resources."""
 
-    def need(where: str, kind: str, name: str | None, keys: list[str] | None = None) -> None:
+    target: Target
+    by_kind: dict[str, dict[str, dict[str, Any]]]
+    external: dict[tuple[Any, Any], dict[str, Any]]
+
+    @classmethod
+    def of(cls, target: Target) -> _Resolver:
+        by_kind: dict[str, dict[str, dict[str, Any]]] = {}
+        for obj in target.objects:
+            by_kind.setdefault(obj.get("kind", ""), {})[(obj.get("metadata") or {}).get("name", "")] = obj
+        external = {(e.get("kind"), e.get("name")): e for e in target.external}
+        return cls(target, by_kind, external)
+
+    def need(self, where: str, kind: str, name: str | None, keys: list[str] | None = None) -> None:
+        """``kind`` ``name`` is rendered (with ``keys`` in its data) or listed as external (with those keys)."""
         if not name:
-            target.error(where, f"references a {kind} without a name")
+            self.target.error(where, f"references a {kind} without a name")
             return
-        if name in by_kind.get(kind, {}):
-            data = by_kind[kind][name].get("data") or {}
-            data = {**data, **(by_kind[kind][name].get("stringData") or {})}
+        if name in self.by_kind.get(kind, {}):
+            data = self.by_kind[kind][name].get("data") or {}
+            data = {**data, **(self.by_kind[kind][name].get("stringData") or {})}
             for k in keys or []:
                 if k not in data:
-                    target.error(where, f"{kind} {name} has no key {k}")
+                    self.target.error(where, f"{kind} {name} has no key {k}")
             return
-        if (kind, name) in external:
-            ext = external[(kind, name)]
+        if (kind, name) in self.external:
+            ext = self.external[(kind, name)]
             listed = {*(ext.get("requiredKeys") or []), *(ext.get("optionalKeys") or [])}
             if listed:
                 for k in keys or []:
                     if k not in listed:
-                        target.error(where, f"{kind} {name} (external) lists no key {k}")
+                        self.target.error(where, f"{kind} {name} (external) lists no key {k}")
             return
-        target.error(
+        self.target.error(
             where,
             f"references {kind} {name!r}, which is neither rendered nor listed in external-resources.yaml",
         )
 
-    # The store Secret: its keys, whether rendered or external.
-    if target.deployable:
-        stores = [
-            n for n in by_kind.get("Secret", {}) if re.fullmatch(rf"{STORE_SECRET}(-[a-z0-9]{{10}})?", n)
-        ]
-        for n in stores:
-            data = by_kind["Secret"][n].get("data") or {}
-            for k in STORE_SECRET_KEYS:
-                if k not in data:
-                    target.error(f"Secret/{n}", f"missing {k}")
-        if (ext := external.get(("Secret", STORE_SECRET))) is not None:
-            missing = set(STORE_SECRET_KEYS) - set(ext.get("requiredKeys") or [])
-            if missing:
-                target.error("external-resources.yaml", f"{STORE_SECRET} must list {sorted(missing)}")
 
+def _check_store_secret(refs: _Resolver) -> None:
+    """The store Secret has its keys, whether rendered or external."""
+    target = refs.target
+    secrets = refs.by_kind.get("Secret", {})
+    stores = [n for n in secrets if re.fullmatch(rf"{STORE_SECRET}(-[a-z0-9]{{10}})?", n)]
+    for n in stores:
+        data = secrets[n].get("data") or {}
+        for k in STORE_SECRET_KEYS:
+            if k not in data:
+                target.error(f"Secret/{n}", f"missing {k}")
+    if (ext := refs.external.get(("Secret", STORE_SECRET))) is not None:
+        missing = set(STORE_SECRET_KEYS) - set(ext.get("requiredKeys") or [])
+        if missing:
+            target.error("external-resources.yaml", f"{STORE_SECRET} must list {sorted(missing)}")
+
+
+def _check_env_references(refs: _Resolver, where: str, c: dict[str, Any]) -> None:
+    for src in c.get("envFrom") or []:
+        for ref_kind, key in (("ConfigMap", "configMapRef"), ("Secret", "secretRef")):
+            ref = src.get(key)
+            if ref is not None and not ref.get("optional"):
+                refs.need(where, ref_kind, ref.get("name"))
+    for env in c.get("env") or []:
+        vf = env.get("valueFrom") or {}
+        for ref_kind, key in (("ConfigMap", "configMapKeyRef"), ("Secret", "secretKeyRef")):
+            ref = vf.get(key)
+            if ref is not None and not ref.get("optional"):
+                refs.need(where, ref_kind, ref.get("name"), [ref.get("key")])
+
+
+def _check_pod_references(refs: _Resolver, where: str, pod: dict[str, Any]) -> None:
+    spec = pod.get("spec") or {}
+    sa = spec.get("serviceAccountName")
+    if sa and sa != "default":
+        refs.need(where, "ServiceAccount", sa)
+    for v in spec.get("volumes") or []:
+        if "configMap" in v and not v["configMap"].get("optional"):
+            refs.need(where, "ConfigMap", v["configMap"].get("name"))
+        if "secret" in v and not v["secret"].get("optional"):
+            refs.need(where, "Secret", v["secret"].get("secretName"))
+    for _, c in containers(pod):
+        _check_env_references(refs, where, c)
+
+
+def _check_hpa(refs: _Resolver, where: str, spec: dict[str, Any]) -> None:
+    """The HPA's target is rendered, its range holds the target's replicas, CPU scaling has CPU requests."""
+    target = refs.target
+    ref = spec.get("scaleTargetRef") or {}
+    scaled = refs.by_kind.get(ref.get("kind", ""), {}).get(ref.get("name", ""))
+    if scaled is None:
+        target.error(where, f"scales {ref.get('kind')}/{ref.get('name')}, which is not rendered")
+        return
+    lo, hi = spec.get("minReplicas", 1), spec.get("maxReplicas", 0)
+    if lo > hi:
+        target.error(where, f"minReplicas {lo} > maxReplicas {hi}")
+    replicas = (scaled.get("spec") or {}).get("replicas", 1)
+    if not lo <= replicas <= hi:
+        target.error(where, f"{ident(scaled)} starts with {replicas} replicas, outside {lo}..{hi}")
+    uses_cpu = any((m.get("resource") or {}).get("name") == "cpu" for m in spec.get("metrics") or [])
+    tpl = pod_template(scaled) or {}
+    for _, c in containers(tpl):
+        if uses_cpu and "cpu" not in ((c.get("resources") or {}).get("requests") or {}):
+            target.error(where, f"CPU scaling needs a CPU request on {c.get('name')}")
+
+
+def _has_port(ports: list[dict[str, Any]], port: dict[str, Any]) -> bool:
+    """Whether a backend's port (by name, else by number) is one of the Service's ``ports``."""
+    return any(
+        port.get("name") == sp.get("name") if "name" in port else port.get("number") == sp.get("port")
+        for sp in ports
+    )
+
+
+def _check_ingress(refs: _Resolver, where: str, spec: dict[str, Any]) -> None:
+    """Every backend is a rendered Service port; every TLS Secret resolves."""
+    target = refs.target
+    for rule in spec.get("rules") or []:
+        for p in (rule.get("http") or {}).get("paths") or []:
+            backend = (p.get("backend") or {}).get("service") or {}
+            svc = refs.by_kind.get("Service", {}).get(backend.get("name", ""))
+            if svc is None:
+                target.error(where, f"path {p.get('path')}: no Service {backend.get('name')!r}")
+                continue
+            port = backend.get("port") or {}
+            if not _has_port((svc.get("spec") or {}).get("ports") or [], port):
+                target.error(where, f"path {p.get('path')}: Service {backend.get('name')} has no port {port}")
+    for tls in spec.get("tls") or []:
+        refs.need(where, "Secret", tls.get("secretName"))
+
+
+def check_references(target: Target) -> None:
+    refs = _Resolver.of(target)
+    if target.deployable:
+        _check_store_secret(refs)
     for obj in target.objects:
         where = ident(obj)
         pod = pod_template(obj)
         if pod is not None:
-            spec = pod.get("spec") or {}
-            sa = spec.get("serviceAccountName")
-            if sa and sa != "default":
-                need(where, "ServiceAccount", sa)
-            for v in spec.get("volumes") or []:
-                if "configMap" in v and not v["configMap"].get("optional"):
-                    need(where, "ConfigMap", v["configMap"].get("name"))
-                if "secret" in v and not v["secret"].get("optional"):
-                    need(where, "Secret", v["secret"].get("secretName"))
-            for _, c in containers(pod):
-                for src in c.get("envFrom") or []:
-                    for ref_kind, key in (("ConfigMap", "configMapRef"), ("Secret", "secretRef")):
-                        ref = src.get(key)
-                        if ref is not None and not ref.get("optional"):
-                            need(where, ref_kind, ref.get("name"))
-                for env in c.get("env") or []:
-                    vf = env.get("valueFrom") or {}
-                    for ref_kind, key in (("ConfigMap", "configMapKeyRef"), ("Secret", "secretKeyRef")):
-                        ref = vf.get(key)
-                        if ref is not None and not ref.get("optional"):
-                            need(where, ref_kind, ref.get("name"), [ref.get("key")])
+            _check_pod_references(refs, where, pod)
         kind = obj.get("kind")
         spec = obj.get("spec") or {}
         if kind == "HorizontalPodAutoscaler":
-            ref = spec.get("scaleTargetRef") or {}
-            scaled = by_kind.get(ref.get("kind", ""), {}).get(ref.get("name", ""))
-            if scaled is None:
-                target.error(where, f"scales {ref.get('kind')}/{ref.get('name')}, which is not rendered")
-            else:
-                lo, hi = spec.get("minReplicas", 1), spec.get("maxReplicas", 0)
-                if lo > hi:
-                    target.error(where, f"minReplicas {lo} > maxReplicas {hi}")
-                replicas = (scaled.get("spec") or {}).get("replicas", 1)
-                if not lo <= replicas <= hi:
-                    target.error(
-                        where, f"{ident(scaled)} starts with {replicas} replicas, outside {lo}..{hi}"
-                    )
-                uses_cpu = any(
-                    (m.get("resource") or {}).get("name") == "cpu" for m in spec.get("metrics") or []
-                )
-                tpl = pod_template(scaled) or {}
-                for _, c in containers(tpl):
-                    if uses_cpu and "cpu" not in ((c.get("resources") or {}).get("requests") or {}):
-                        target.error(where, f"CPU scaling needs a CPU request on {c.get('name')}")
+            _check_hpa(refs, where, spec)
         if kind == "Ingress":
-            for rule in spec.get("rules") or []:
-                for p in (rule.get("http") or {}).get("paths") or []:
-                    backend = (p.get("backend") or {}).get("service") or {}
-                    svc = by_kind.get("Service", {}).get(backend.get("name", ""))
-                    if svc is None:
-                        target.error(where, f"path {p.get('path')}: no Service {backend.get('name')!r}")
-                        continue
-                    port = backend.get("port") or {}
-                    ports = (svc.get("spec") or {}).get("ports") or []
-                    if not any(
-                        port.get("name") == sp.get("name")
-                        if "name" in port
-                        else port.get("number") == sp.get("port")
-                        for sp in ports
-                    ):
-                        target.error(
-                            where, f"path {p.get('path')}: Service {backend.get('name')} has no port {port}"
-                        )
-            for tls in spec.get("tls") or []:
-                need(where, "Secret", tls.get("secretName"))
+            _check_ingress(refs, where, spec)
 
 
 def check_routes(target: Target) -> None:
