@@ -41,7 +41,7 @@ from horde_oai.completion import (
     native_message_of,
     worker_max_length_adjustments,
 )
-from horde_oai.deltas import FIRST_ID, MAX_STREAM_CONNECTIONS, StreamBusy
+from horde_oai.deltas import FIRST_ID, MAX_STREAM_CONNECTIONS, DeltaFeed, StreamBusy
 from horde_oai.errors import OpenAIError, bad_request
 from horde_oai.metrics import (
     COMPLETIONS,
@@ -775,20 +775,10 @@ async def _relayed_stream(
     catchup: list[str] = []
     start_id = FIRST_ID
     if resume_at is not None:
-        try:
-            history = await state.relay_records.history(request_id)
-        except Exception:
-            log.warning("resume: stream read failed", extra={"request_id": request_id}, exc_info=True)
-            history = []
-        if resume_at.gen != WHOLE_GENERATION and not any(e.gen == resume_at.gen for e in history):
-            # Not a generation this stream relayed: replaying from 0 would duplicate the client's text.
-            _detach_finished(state, request_id)
-            error = stream_not_resumable()
-            record_refusal(error, record.started, True)
-            return error.response()
-        catchup = relay.resume(resume_at, history)
-        start_id = history[-1].id if history else FIRST_ID
-        STREAM_RELAYS.labels(outcome="resumed").inc()
+        resumed = await _resume_catchup(state, record, relay, request_id, resume_at)
+        if isinstance(resumed, Response):
+            return resumed
+        catchup, start_id = resumed
     feed = state.deltas.register(request_id, start_id)
     wait_task = asyncio.create_task(waiter.run())
     submitted_at = record.submitted_at or time.time()
@@ -804,22 +794,51 @@ async def _relayed_stream(
         if refused.status_code != 499:
             _detach_finished(state, request_id)
         return refused
-    include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-    keepalive = settings.oai_stream_keepalive_seconds
+    stream = _RelayedStream(
+        state=state,
+        answer=answer,
+        call=call,
+        relay=relay,
+        feed=feed,
+        wait_task=wait_task,
+        catchup=catchup,
+        request_id=request_id,
+        submitted_at=submitted_at,
+        include_usage=bool((body.get("stream_options") or {}).get("include_usage")),
+        keepalive=settings.oai_stream_keepalive_seconds,
+    )
+    return StreamingResponse(stream.events(), media_type="text/event-stream", headers=SSE_HEADERS)
 
-    async def events() -> AsyncIterator[str]:
+
+@dataclass
+class _RelayedStream:
+    """One connection of a relayed stream once its headers may go out: its events, then its cleanup."""
+
+    state: Any
+    answer: Answer
+    call: Call
+    relay: DeltaRelay
+    feed: DeltaFeed
+    wait_task: asyncio.Task[dict[str, Any]]
+    catchup: list[str]
+    request_id: str
+    submitted_at: float
+    include_usage: bool
+    keepalive: float
+
+    async def events(self) -> AsyncIterator[str]:
+        record, waiter, relay, feed = self.answer.record, self.answer.waiter, self.relay, self.feed
+        wait_task, keepalive, call = self.wait_task, self.keepalive, self.call
         finished = False
         getter: asyncio.Task[list[Any]] | None = None
         head: list[Any] | None = None  # a batch the getter took off the queue
         last_sent = time.monotonic()
         try:
-            for event in catchup:
+            for event in self.catchup:
                 yield event
             while True:
-                batches = [] if head is None else [head]
+                batches = _take_batches(feed, head)
                 head = None
-                while not feed.batches.empty():
-                    batches.append(feed.batches.get_nowait())
                 if batches:
                     waiter.progress_seen()
                 out: list[str] = [event for batch in batches for event in relay.on_batch(batch)]
@@ -828,18 +847,14 @@ async def _relayed_stream(
                     yield event
                 if out:
                     last_sent = time.monotonic()
-                    if relay.first_content_at is not None and record.first_content is None:
-                        record.first_content = relay.first_content_at
+                    _note_first_content(record, relay)
                 if wait_task.done():
                     break
-                timeout = keepalive - (time.monotonic() - last_sent)
-                next_due = relay.next_due()
-                if next_due is not None:
-                    timeout = min(timeout, next_due - time.time())
+                timeout = _relay_wake_timeout(relay, keepalive, last_sent)
                 if getter is None:
                     getter = asyncio.create_task(feed.batches.get())
                 done, _ = await asyncio.wait(
-                    {getter, wait_task}, timeout=max(0.0, timeout), return_when=asyncio.FIRST_COMPLETED
+                    {getter, wait_task}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
                 )
                 if getter in done:
                     head, getter = getter.result(), None
@@ -854,44 +869,102 @@ async def _relayed_stream(
                 for event in relay.fail(error):
                     yield event
                 return
-            completion = answer.completion(status)
+            completion = self.answer.completion(status)
             exposed = relay.exposed
-            final = relay.finish(completion, include_usage=include_usage)
+            final = relay.finish(completion, include_usage=self.include_usage)
             diverged = relay.diverged
             finished = True
             for event in final:
                 yield event
-            if relay.first_content_at is not None and record.first_content is None:
-                record.first_content = relay.first_content_at
-            STREAM_RELAYS.labels(outcome="diverged" if diverged else "relayed" if exposed else "whole").inc()
-            if diverged:
-                record.status, record.code = 502, RC.ChatStreamDiverged
-                STREAM_FAILURES.labels(code=record.code, outcome_class=outcome_class_for(record.code)).inc()
-            record.finish()
+            _account_relayed(record, relay, exposed=exposed, diverged=diverged)
             await call.end("delivered")
         finally:
-            if getter is not None:
-                getter.cancel()
-            state.deltas.unregister(feed)
-            if record.first_content is not None:
-                STREAM_FIRST_CONTENT.labels(relayed="true").observe(
-                    max(0.0, record.first_content - record.started)
-                )
-            if finished:
-                _detach_finished(state, request_id)
-            else:
-                # The client went away mid-stream: drop pending pieces; cancel unless it resumes in time.
-                relay.drop()
-                STREAM_RELAYS.labels(outcome="dropped").inc()
-                if not wait_task.done():
-                    _abandon(state, call, request_id, submitted_at, relayed=True, resumable=relay.exposed)
-                    _in_background(stop_task(wait_task))
-                else:
-                    _detach_finished(state, request_id)
-                    _in_background(call.end("dropped"))
-                record.client_left()
+            self._ended(getter, finished=finished)
 
-    return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
+    def _ended(self, getter: asyncio.Task[list[Any]] | None, *, finished: bool) -> None:
+        """The connection's cleanup, whether its stream ended or its client left mid-stream."""
+        record = self.answer.record
+        if getter is not None:
+            getter.cancel()
+        self.state.deltas.unregister(self.feed)
+        if record.first_content is not None:
+            STREAM_FIRST_CONTENT.labels(relayed="true").observe(
+                max(0.0, record.first_content - record.started)
+            )
+        if finished:
+            _detach_finished(self.state, self.request_id)
+        else:
+            # The client went away mid-stream: drop pending pieces; cancel unless it resumes in time.
+            self.relay.drop()
+            STREAM_RELAYS.labels(outcome="dropped").inc()
+            if not self.wait_task.done():
+                _abandon(
+                    self.state,
+                    self.call,
+                    self.request_id,
+                    self.submitted_at,
+                    relayed=True,
+                    resumable=self.relay.exposed,
+                )
+                _in_background(stop_task(self.wait_task))
+            else:
+                _detach_finished(self.state, self.request_id)
+                _in_background(self.call.end("dropped"))
+            record.client_left()
+
+
+async def _resume_catchup(
+    state: Any, record: RequestRecord, relay: DeltaRelay, request_id: str, resume_at: EventId
+) -> Response | tuple[list[str], str]:
+    """A resumed stream's catch-up events and the progress-stream id to read on from, or its refusal when
+    ``resume_at`` names a generation this stream never relayed."""
+    try:
+        history = await state.relay_records.history(request_id)
+    except Exception:
+        log.warning("resume: stream read failed", extra={"request_id": request_id}, exc_info=True)
+        history = []
+    if resume_at.gen != WHOLE_GENERATION and not any(e.gen == resume_at.gen for e in history):
+        # Not a generation this stream relayed: replaying from 0 would duplicate the client's text.
+        _detach_finished(state, request_id)
+        error = stream_not_resumable()
+        record_refusal(error, record.started, True)
+        return error.response()
+    catchup = relay.resume(resume_at, history)
+    start_id = history[-1].id if history else FIRST_ID
+    STREAM_RELAYS.labels(outcome="resumed").inc()
+    return catchup, start_id
+
+
+def _take_batches(feed: DeltaFeed, head: list[Any] | None) -> list[list[Any]]:
+    """The batch the getter already took (first: it is the oldest), then every batch queued since."""
+    batches = [] if head is None else [head]
+    while not feed.batches.empty():
+        batches.append(feed.batches.get_nowait())
+    return batches
+
+
+def _relay_wake_timeout(relay: DeltaRelay, keepalive: float, last_sent: float) -> float:
+    """How long the relay may sleep: until the next keepalive is due or its next paced piece, whichever first."""
+    timeout = keepalive - (time.monotonic() - last_sent)
+    next_due = relay.next_due()
+    if next_due is not None:
+        timeout = min(timeout, next_due - time.time())
+    return max(0.0, timeout)
+
+
+def _note_first_content(record: RequestRecord, relay: DeltaRelay) -> None:
+    if relay.first_content_at is not None and record.first_content is None:
+        record.first_content = relay.first_content_at
+
+
+def _account_relayed(record: RequestRecord, relay: DeltaRelay, *, exposed: bool, diverged: bool) -> None:
+    """Count a relayed stream that sent its final chunks, and finish its record (502 when it diverged)."""
+    _note_first_content(record, relay)
+    STREAM_RELAYS.labels(outcome="diverged" if diverged else "relayed" if exposed else "whole").inc()
+    if diverged:
+        record.status, record.code = 502, RC.ChatStreamDiverged
+        STREAM_FAILURES.labels(code=record.code, outcome_class=outcome_class_for(record.code)).inc()
+    record.finish()
 
 
 def _detach_finished(state: Any, request_id: str) -> None:

@@ -362,52 +362,68 @@ def find_refused_parameter(body: dict[str, Any]) -> OpenAIError | None:
     its path as ``param`` (400 UnsupportedChatParameter).
     """
     for key, value in body.items():
-        if key in DEFAULT_NO_OP_PARAMETERS:
-            if key == "n" and isinstance(value, int) and not isinstance(value, bool) and value < 1:
-                continue  # OpenAI's range message comes from validation
-            if not _is_default(value, DEFAULT_NO_OP_PARAMETERS[key]):
-                shown = repr(value) if not isinstance(value, bool) else str(value).lower()
-                return _unsupported(
-                    f"Unsupported value: '{key}' does not support {shown} on the AI Horde; "
-                    f"only its default is accepted.",
-                    key,
-                )
-        elif key not in REQUEST_FIELDS:
-            return _unsupported(f"Unrecognized request argument supplied: {key}", key)
+        refusal = _refused_top_level(key, value)
+        if refusal is not None:
+            return refusal
     messages = body.get("messages")
     if isinstance(messages, list):
         for i, message in enumerate(messages):
             if not isinstance(message, dict):
                 continue
-            role = message.get("role")
-            if isinstance(role, str) and role not in SUPPORTED_ROLES:
+            refusal = _refused_in_message(i, message)
+            if refusal is not None:
+                return refusal
+    return None
+
+
+def _refused_top_level(key: str, value: Any) -> OpenAIError | None:
+    """The refusal of one top-level key: unknown, or a no-op parameter at a value other than its default."""
+    if key in DEFAULT_NO_OP_PARAMETERS:
+        if key == "n" and isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            return None  # OpenAI's range message comes from validation
+        if not _is_default(value, DEFAULT_NO_OP_PARAMETERS[key]):
+            shown = repr(value) if not isinstance(value, bool) else str(value).lower()
+            return _unsupported(
+                f"Unsupported value: '{key}' does not support {shown} on the AI Horde; "
+                f"only its default is accepted.",
+                key,
+            )
+    elif key not in REQUEST_FIELDS:
+        return _unsupported(f"Unrecognized request argument supplied: {key}", key)
+    return None
+
+
+def _refused_in_message(i: int, message: dict[str, Any]) -> OpenAIError | None:
+    """The first refusal in ``messages[i]``: its role, then its content parts' types, then its tool calls."""
+    role = message.get("role")
+    if isinstance(role, str) and role not in SUPPORTED_ROLES:
+        return _unsupported(
+            f"Invalid value: '{role}'. Supported values are: 'system', 'developer', 'user', "
+            f"'assistant', and 'tool'.",
+            f"messages[{i}].role",
+        )
+    content = message.get("content")
+    if isinstance(content, list):
+        for j, part in enumerate(content):
+            if not isinstance(part, dict):
+                continue
+            kind = part.get("type")
+            if not isinstance(kind, str):
+                continue
+            allowed = ("text", "image_url") if role == "user" else ("text",)
+            if kind not in allowed:
                 return _unsupported(
-                    f"Invalid value: '{role}'. Supported values are: 'system', 'developer', 'user', "
-                    f"'assistant', and 'tool'.",
-                    f"messages[{i}].role",
+                    f"Invalid value: '{kind}'. Supported values are: "
+                    + " and ".join(f"'{a}'" for a in allowed)
+                    + f" on {_with_article(str(role))} message.",
+                    f"messages[{i}].content[{j}].type={kind}",
                 )
-            content = message.get("content")
-            if isinstance(content, list):
-                for j, part in enumerate(content):
-                    if not isinstance(part, dict):
-                        continue
-                    kind = part.get("type")
-                    if not isinstance(kind, str):
-                        continue
-                    allowed = ("text", "image_url") if role == "user" else ("text",)
-                    if kind not in allowed:
-                        return _unsupported(
-                            f"Invalid value: '{kind}'. Supported values are: "
-                            + " and ".join(f"'{a}'" for a in allowed)
-                            + f" on {_with_article(str(role))} message.",
-                            f"messages[{i}].content[{j}].type={kind}",
-                        )
-            if "tool_calls" in message and role in SUPPORTED_ROLES and role != "assistant":
-                return _unsupported(
-                    f"Invalid parameter: 'tool_calls' is only allowed on messages with role 'assistant', "
-                    f"not '{role}'.",
-                    f"messages[{i}].tool_calls",
-                )
+    if "tool_calls" in message and role in SUPPORTED_ROLES and role != "assistant":
+        return _unsupported(
+            f"Invalid parameter: 'tool_calls' is only allowed on messages with role 'assistant', "
+            f"not '{role}'.",
+            f"messages[{i}].tool_calls",
+        )
     return None
 
 

@@ -233,6 +233,12 @@ def _after_read(status: Mapping[str, Any], state: WaitState, now: float) -> Acti
         state = replace(state, fail_fast_pending=False)
     if not state.fail_fast_pending:
         state = replace(state, passed=True)
+    return _sleep_or_time_out(state, now)
+
+
+def _sleep_or_time_out(state: WaitState, now: float) -> Action:
+    """After a read that ended nothing: time out at the deadline, else sleep until the next read is due
+    (sooner while fail-fast is pending or an availability grace runs)."""
     remaining = state.deadline - now
     if remaining <= 0:
         return TimeOut(state)
