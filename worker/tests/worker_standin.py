@@ -21,6 +21,7 @@ recording whether the client hung up before the end.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import threading
 import time
@@ -475,22 +476,27 @@ class StandInBackend:
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Cache-Control", "no-cache")
                 self.end_headers()
-                try:
-                    for event in outer.events:
-                        if outer.delay:
-                            time.sleep(outer.delay)
-                        line = event if isinstance(event, str) else "data: " + json.dumps(event)
-                        self.wfile.write((line + "\n\n").encode())
-                        self.wfile.flush()
-                        outer.sent += 1
-                except (BrokenPipeError, ConnectionResetError):
-                    outer.hung_up.set()
-                    return
-                outer.completed += 1
+                outer.send_events(self.wfile)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
+
+    def send_events(self, wfile: io.BufferedIOBase) -> None:
+        """Write the scripted events to a streamed answer, ``delay`` apart, counting them; stops when the
+        client hangs up."""
+        try:
+            for event in self.events:
+                if self.delay:
+                    time.sleep(self.delay)
+                line = event if isinstance(event, str) else "data: " + json.dumps(event)
+                wfile.write((line + "\n\n").encode())
+                wfile.flush()
+                self.sent += 1
+        except (BrokenPipeError, ConnectionResetError):
+            self.hung_up.set()
+            return
+        self.completed += 1
 
     def whole_reply(self) -> dict[str, Any]:
         """The events' content as one ``chat.completion`` body."""

@@ -37,11 +37,7 @@ def sample_value(schema: Any, root: dict[str, Any] | None = None, depth: int = 0
     for key in ("anyOf", "oneOf", "allOf"):
         if isinstance(schema.get(key), list) and schema[key]:
             return sample_value(schema[key][0], root, depth + 1)
-    typ = schema.get("type")
-    if isinstance(typ, list):
-        typ = next((t for t in typ if t != "null"), typ[0] if typ else None)
-    if typ is None:
-        typ = "object" if "properties" in schema else "string" if "minLength" in schema else None
+    typ = _schema_type(schema)
     if typ == "object":
         props = schema.get("properties") or {}
         return {name: sample_value(sub, root, depth + 1) for name, sub in props.items()}
@@ -49,23 +45,45 @@ def sample_value(schema: Any, root: dict[str, Any] | None = None, depth: int = 0
         count = int(schema.get("minItems", 0))
         items = schema.get("items") or {}
         return [sample_value(items, root, depth + 1) for _ in range(count)]
+    return _sample_scalar(schema, typ)
+
+
+def _schema_type(schema: dict[str, Any]) -> Any:
+    """The type to sample: the first non-null one of a list, else inferred from ``properties``/``minLength``."""
+    typ = schema.get("type")
+    if isinstance(typ, list):
+        typ = next((t for t in typ if t != "null"), typ[0] if typ else None)
+    if typ is None:
+        typ = "object" if "properties" in schema else "string" if "minLength" in schema else None
+    return typ
+
+
+def _sample_scalar(schema: dict[str, Any], typ: Any) -> Any:
+    """A value of a type that holds no other schema; ``{}`` for an unknown type."""
     if typ == "string":
-        text = "scripted"
-        min_len = int(schema.get("minLength", 0))
-        if len(text) < min_len:
-            text = text + "x" * (min_len - len(text))
-        max_len = schema.get("maxLength")
-        return text[: int(max_len)] if isinstance(max_len, int) else text
+        return _sample_string(schema)
     if typ == "integer":
-        if "minimum" in schema:
-            return int(schema["minimum"])
-        return int(schema["exclusiveMinimum"]) + 1 if "exclusiveMinimum" in schema else 0
+        return _least_number(schema, int)
     if typ == "number":
-        if "minimum" in schema:
-            return float(schema["minimum"])
-        return float(schema["exclusiveMinimum"]) + 1 if "exclusiveMinimum" in schema else 0.0
+        return _least_number(schema, float)
     if typ == "boolean":
         return True
     if typ == "null":
         return None
     return {}
+
+
+def _sample_string(schema: dict[str, Any]) -> str:
+    text = "scripted"
+    min_len = int(schema.get("minLength", 0))
+    if len(text) < min_len:
+        text = text + "x" * (min_len - len(text))
+    max_len = schema.get("maxLength")
+    return text[: int(max_len)] if isinstance(max_len, int) else text
+
+
+def _least_number(schema: dict[str, Any], kind: type[int] | type[float]) -> int | float:
+    """``minimum``, else just above ``exclusiveMinimum``, else zero, as ``kind``."""
+    if "minimum" in schema:
+        return kind(schema["minimum"])
+    return kind(schema["exclusiveMinimum"]) + 1 if "exclusiveMinimum" in schema else kind(0)

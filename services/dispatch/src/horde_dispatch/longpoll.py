@@ -153,6 +153,33 @@ class Waiter:
         self.wakes.append(wake)
         self.event.set()
 
+    async def sleep(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for a wake (not at all when the time is already up)."""
+        if seconds > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.event.wait(), seconds)
+
+    def cause(self, *, recheck_due: bool) -> str | None:
+        """Why this waiter retries now (the metrics' cause), or None: it was woken for nothing new."""
+        if self.wakes:
+            return self.wakes[0].cause
+        if self.catch_up:
+            return "announcement"
+        return "recheck" if recheck_due else None
+
+    async def attempt(
+        self, pop: Callable[[], Awaitable[PoppedJob | None]], wakes: list[_Wake]
+    ) -> PoppedJob | None:
+        """Run ``pop`` as this waiter's retry for ``wakes``; if it fails they are given back, untried."""
+        self.running = True
+        try:
+            return await pop()
+        except BaseException:
+            self.wakes = wakes + self.wakes
+            raise
+        finally:
+            self.running = False
+
 
 class LongPoll:
     """The waiting pops of this process and the wake policy (see the module docstring).
@@ -279,20 +306,13 @@ class LongPoll:
             LONGPOLL_WAITS.labels(WaitOutcome.closed.value).inc()
             return None, WaitOutcome.closed
         loop = asyncio.get_running_loop()
-        w = Waiter(pw)
-        self._waiters[w] = None
-        self._by_worker[pw.worker_id] += 1
-        LONGPOLL_WAITING.inc()
-        self._catch_up(w, since)
+        w = self._register(pw, since)
         outcome = WaitOutcome.timeout
         try:
             next_recheck = loop.time() + self._recheck_interval()
             while True:
                 if not w.event.is_set():
-                    timeout = min(deadline, next_recheck) - loop.time()
-                    if timeout > 0:
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(w.event.wait(), timeout)
+                    await w.sleep(min(deadline, next_recheck) - loop.time())
                 if self.closed:
                     outcome = WaitOutcome.closed
                     return None, outcome
@@ -300,13 +320,8 @@ class LongPoll:
                 if now >= deadline:
                     return None, outcome
                 w.event.clear()
-                if w.wakes:
-                    cause = w.wakes[0].cause
-                elif w.catch_up:
-                    cause = "announcement"
-                elif now >= next_recheck:
-                    cause = "recheck"
-                else:
+                cause = w.cause(recheck_due=now >= next_recheck)
+                if cause is None:
                     continue
                 wakes, w.wakes, w.catch_up = w.wakes, [], False
                 next_recheck = now + self._recheck_interval()
@@ -314,44 +329,59 @@ class LongPoll:
                     w.wakes = wakes + w.wakes  # untried: passed on when the waiter is removed
                     outcome = WaitOutcome.gone
                     return None, outcome
-                w.running = True
-                try:
-                    job = await pop()
-                except BaseException:
-                    w.wakes = wakes + w.wakes
-                    raise
-                finally:
-                    w.running = False
+                job = await w.attempt(pop, wakes)
                 if job is not None:
                     LONGPOLL_WAKES.labels(cause, "job").inc()
-                    served = str(job.wp_id)
-                    for k in wakes:
-                        if k.announcement is None:
-                            continue
-                        if k.announcement.request_id == served:
-                            # The next waiter takes the request's next generations, if any are left.
-                            k.remaining -= max(1, len(job.generation_ids))
-                            if k.remaining > 0:
-                                self._route(k, 1)
-                        else:
-                            # Another request's job is still queued: someone else may take it.
-                            self._hand_on(k, tried=False)
+                    self._settle_served(wakes, job)
                     outcome = WaitOutcome.job
                     return job, outcome
-                handed = False
-                for k in wakes:
-                    k.tried_owners.add(w.pw.owner_id)
-                    handed = self._hand_on(k, tried=True) or handed
+                handed = self._settle_empty(w, wakes)
                 LONGPOLL_WAKES.labels(cause, "handed_on" if handed else "empty").inc()
         finally:
-            del self._waiters[w]
-            self._by_worker[pw.worker_id] -= 1
-            if self._by_worker[pw.worker_id] <= 0:
-                del self._by_worker[pw.worker_id]
-            LONGPOLL_WAITING.dec()
-            for k in w.wakes:
+            self._unregister(w, outcome)
+
+    def _register(self, pw: PopWorker, since: int) -> Waiter:
+        w = Waiter(pw)
+        self._waiters[w] = None
+        self._by_worker[pw.worker_id] += 1
+        LONGPOLL_WAITING.inc()
+        self._catch_up(w, since)
+        return w
+
+    def _unregister(self, w: Waiter, outcome: WaitOutcome) -> None:
+        """Remove ``w``; the wakes it still holds, untried, go on to the next plausible waiters."""
+        del self._waiters[w]
+        self._by_worker[w.pw.worker_id] -= 1
+        if self._by_worker[w.pw.worker_id] <= 0:
+            del self._by_worker[w.pw.worker_id]
+        LONGPOLL_WAITING.dec()
+        for k in w.wakes:
+            self._hand_on(k, tried=False)
+        LONGPOLL_WAITS.labels(outcome.value).inc()
+
+    def _settle_served(self, wakes: list[_Wake], job: PoppedJob) -> None:
+        """After a retry that took ``job``: the wakes it was given move on (broadcasts are done)."""
+        served = str(job.wp_id)
+        for k in wakes:
+            if k.announcement is None:
+                continue
+            if k.announcement.request_id == served:
+                # The next waiter takes the request's next generations, if any are left.
+                k.remaining -= max(1, len(job.generation_ids))
+                if k.remaining > 0:
+                    self._route(k, 1)
+            else:
+                # Another request's job is still queued: someone else may take it.
                 self._hand_on(k, tried=False)
-            LONGPOLL_WAITS.labels(outcome.value).inc()
+
+    def _settle_empty(self, w: Waiter, wakes: list[_Wake]) -> bool:
+        """After a retry of ``w`` that found nothing: pass its wakes on, each using up a hand-off; returns
+        whether any was."""
+        handed = False
+        for k in wakes:
+            k.tried_owners.add(w.pw.owner_id)
+            handed = self._hand_on(k, tried=True) or handed
+        return handed
 
 
 class AnnouncementSubscriber:

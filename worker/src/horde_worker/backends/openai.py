@@ -65,6 +65,15 @@ F = ChatFeature
 G = ChatGuarantee
 _SAMPLERS = {F.seed.value, F.presence_penalty.value, F.frequency_penalty.value}
 _FORMATS = {F.json_object.value, F.json_schema.value}
+# What llama-server and vLLM enforce themselves (grammar-constrained tools and schemas, a context check).
+_SERVER_ENFORCED = frozenset(
+    {
+        G.tool_choice_enforced.value,
+        G.single_tool_call_enforced.value,
+        G.prompt_overflow_refused.value,
+        G.structured_output_enforced.value,
+    }
+)
 
 
 @dataclass
@@ -116,20 +125,10 @@ def capabilities_for(discovery: Discovery) -> Capabilities:
         tools_max_temperature = 1.0
     elif flavor == LLAMA_SERVER:
         feats = _SAMPLERS | {F.reasoning_effort.value, F.tools.value} | _FORMATS
-        guars = {
-            G.tool_choice_enforced.value,
-            G.single_tool_call_enforced.value,
-            G.prompt_overflow_refused.value,
-            G.structured_output_enforced.value,
-        }
+        guars = set(_SERVER_ENFORCED)
     elif flavor == VLLM:
         feats = _SAMPLERS | {F.tools.value, F.tools_with_response_format.value} | _FORMATS
-        guars = {
-            G.tool_choice_enforced.value,
-            G.single_tool_call_enforced.value,
-            G.prompt_overflow_refused.value,
-            G.structured_output_enforced.value,
-        }
+        guars = set(_SERVER_ENFORCED)
     elif flavor == OLLAMA:
         feats = _SAMPLERS | _FORMATS
         caps = set(discovery.ollama_capabilities)
@@ -141,12 +140,7 @@ def capabilities_for(discovery: Discovery) -> Capabilities:
     elif flavor == LLAMA_CPP_PYTHON:
         # tools: applied under a forced function (grammar); tool_choice auto gets plain text from it
         feats = _SAMPLERS | {F.tools.value} | _FORMATS
-        guars = {
-            G.tool_choice_enforced.value,
-            G.single_tool_call_enforced.value,
-            G.prompt_overflow_refused.value,
-            G.structured_output_enforced.value,
-        }
+        guars = set(_SERVER_ENFORCED)
     else:
         feats = set(_SAMPLERS)
         guars = set()

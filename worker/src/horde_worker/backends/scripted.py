@@ -105,6 +105,58 @@ def _seconds(value: str | None) -> float:
         return 0.0
 
 
+def _fitting_prompt_words(job: ChatJob) -> int:
+    """The prompt's words (tools included); faulted ``prompt_overflow`` when they leave no room for
+    ``max_length``, as a real backend counts before generating."""
+    prompt_words = sum(_words(message_text(m)) for m in job.messages)
+    if job.tools:
+        prompt_words += _words(json.dumps(job.tools))
+    if prompt_words > job.max_context_length - job.max_length:
+        raise BackendFault(
+            ChatFaultReason.prompt_overflow.value,
+            f"{prompt_words} prompt words do not fit {job.max_context_length} - {job.max_length}",
+        )
+    return prompt_words
+
+
+def _echo_reply(job: ChatJob, names: dict[str, str | None], echo: str) -> tuple[str, str]:
+    """The greeting and the echoed text (``[[words]]``, ``[[random]]`` applied), cut to ``max_length`` words;
+    with the native finish reason."""
+    content = f"{GREETING} {echo}".rstrip()
+    if "words" in names:
+        content = f"{content} {filler_words(int(_seconds(names['words'])))}".rstrip()
+    if "random" in names:
+        content = f"{secrets.token_hex(4)} {content}"
+    words = content.split()
+    if len(words) > job.max_length:
+        return " ".join(words[: job.max_length]), "length"
+    return content, "stop"
+
+
+def _with_reasoning(
+    content: str | None, native: str, names: dict[str, str | None], echo: str
+) -> tuple[str | None, str, str | None]:
+    """``content`` with the ``<think>`` block the markers ask for, the native finish reason, and the reasoning
+    text (None without one)."""
+    if names.get("fault") == ChatFaultReason.reply_refused.value:
+        reasoning_text = "x" * (MAX_CHAT_TEXT_BYTES + 1)
+        return f"<think>{reasoning_text}</think>{content or ''}", native, reasoning_text
+    if "think" in names:
+        thought = f"Scripted reasoning about: {echo}".rstrip()
+        if names["think"] == "unclosed":
+            return f"<think>{thought}", "length", thought
+        return f"<think>{thought}</think>\n\n{content or ''}", native, thought
+    return content, native, None
+
+
+def _completion_words(content: str | None, tool_calls: list[dict[str, Any]]) -> int:
+    """Completion "tokens": the reply's words (``<think>`` tags apart) and each call's argument words plus one."""
+    visible = content or ""
+    return _words(visible.replace("<think>", " ").replace("</think>", " ")) + sum(
+        _words(c["function"]["arguments"]) + 1 for c in tool_calls
+    )
+
+
 class ScriptedBackend(Backend):
     """Deterministic backend; see the module docstring for the markers.
 
@@ -167,72 +219,46 @@ class ScriptedBackend(Backend):
         markers, echo = parse_markers(job.last_user_text)
         names = {m.name: m.arg for m in markers}
         await self._common(markers, names)
-        prompt_words = sum(_words(message_text(m)) for m in job.messages)
-        if job.tools:
-            prompt_words += _words(json.dumps(job.tools))
-        if prompt_words > job.max_context_length - job.max_length:
-            raise BackendFault(
-                ChatFaultReason.prompt_overflow.value,
-                f"{prompt_words} prompt words do not fit {job.max_context_length} - {job.max_length}",
-            )
-        usage = "nousage" not in names
-        reasoning_text: str | None = None
-        native = "stop"
-        tool_calls: list[dict[str, Any]] = []
-        content: str | None
-
-        fault = names.get("fault")
-        if fault == ChatFaultReason.tool_violation.value:
-            tool_calls = [
-                {"id": "call_1", "type": "function", "function": {"name": "not_a_tool", "arguments": "{}"}}
-            ]
-            content, native = None, "tool_calls"
-        else:
-            for n, m in enumerate((m for m in markers if m.name == "tool"), start=1):
-                tool_calls.append(self._tool_call(job, m.arg, n))
-            if tool_calls:
-                content, native = None, "tool_calls"
-            elif "reply" in names:
-                content = names["reply"] or ""
-            elif "json" in names:
-                content = "this is not JSON" if names["json"] == "bad" else self._json_reply(job)
-            elif job.response_format:
-                content = self._json_reply(job)
-            else:
-                content = f"{GREETING} {echo}".rstrip()
-                if "words" in names:
-                    content = f"{content} {filler_words(int(_seconds(names['words'])))}".rstrip()
-                if "random" in names:
-                    content = f"{secrets.token_hex(4)} {content}"
-                words = content.split()
-                if len(words) > job.max_length:
-                    content, native = " ".join(words[: job.max_length]), "length"
-
-        if fault == ChatFaultReason.reply_refused.value:
-            reasoning_text = "x" * (MAX_CHAT_TEXT_BYTES + 1)
-            content = f"<think>{reasoning_text}</think>{content or ''}"
-        elif "think" in names:
-            thought = f"Scripted reasoning about: {echo}".rstrip()
-            if names["think"] == "unclosed":
-                content, native = f"<think>{thought}", "length"
-            else:
-                content = f"<think>{thought}</think>\n\n{content or ''}"
-            reasoning_text = thought
+        prompt_words = _fitting_prompt_words(job)
+        content, native, tool_calls = self._answer(job, markers, names, echo)
+        content, native, reasoning_text = _with_reasoning(content, native, names, echo)
         if "length" in names:
             native = "length"
         if names.get("finish"):
             native = names["finish"] or native
 
         out = ChatOutput(content=content, tool_calls=tool_calls, native_finish_reason=native)
-        if usage:
+        if "nousage" not in names:
             out.prompt_tokens = prompt_words
-            visible = content or ""
-            out.completion_tokens = _words(visible.replace("<think>", " ").replace("</think>", " ")) + sum(
-                _words(c["function"]["arguments"]) + 1 for c in tool_calls
-            )
+            out.completion_tokens = _completion_words(content, tool_calls)
             if reasoning_text is not None:
                 out.reasoning_tokens = _words(reasoning_text)
         return out, _seconds(names.get("pace"))
+
+    @classmethod
+    def _answer(
+        cls, job: ChatJob, markers: list[Marker], names: dict[str, str | None], echo: str
+    ) -> tuple[str | None, str, list[dict[str, Any]]]:
+        """The reply before any reasoning: content, native finish reason and tool calls."""
+        if names.get("fault") == ChatFaultReason.tool_violation.value:
+            violation: dict[str, Any] = {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "not_a_tool", "arguments": "{}"},
+            }
+            return None, "tool_calls", [violation]
+        tool_markers = (m for m in markers if m.name == "tool")
+        tool_calls = [cls._tool_call(job, m.arg, n) for n, m in enumerate(tool_markers, start=1)]
+        if tool_calls:
+            return None, "tool_calls", tool_calls
+        if "reply" in names:
+            return names["reply"] or "", "stop", []
+        if "json" in names:
+            return "this is not JSON" if names["json"] == "bad" else cls._json_reply(job), "stop", []
+        if job.response_format:
+            return cls._json_reply(job), "stop", []
+        content, native = _echo_reply(job, names, echo)
+        return content, native, []
 
     async def generate_text(self, job: TextJob, max_length: int) -> str:
         """Echo the prompt's last line after the greeting, cut to ``max_length`` words."""
