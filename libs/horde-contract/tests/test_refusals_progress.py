@@ -152,16 +152,17 @@ def test_fault_reason_and_adjustments() -> None:
         hc.context_adjustment(1, 2, "shrink")
 
 
+# The wire wording the submit service serves (upstream's validator style); no param, as served.
 PROGRESS_REFUSALS = [
-    ("not-object", [], None, "The progress body has to be a JSON object."),
-    ("id", {"seq": 1, "delta": {"content": "x"}}, "id", "'id': has to be the generation id (a string)."),
-    ("seq-zero", {"id": "g", "seq": 0, "delta": {"content": "x"}}, "seq", "'seq': has to be an integer from 1."),
-    ("seq-bool", {"id": "g", "seq": True, "delta": {"content": "x"}}, "seq", "'seq': has to be an integer from 1."),
-    ("delta-type", {"id": "g", "seq": 1, "delta": "x"}, "delta", "'delta': has to be an object with content."),
-    ("content-type", {"id": "g", "seq": 1, "delta": {"content": 1}}, "delta.content", "'delta.content': has to be a string."),
-    ("reasoning-type", {"id": "g", "seq": 1, "delta": {"content": "x", "reasoning_content": 1}}, "delta.reasoning_content", "'delta.reasoning_content': has to be a string."),
-    ("empty", {"id": "g", "seq": 1, "delta": {"content": "", "reasoning_content": ""}}, "delta", "'delta': the delta carries neither content nor reasoning_content."),
-    ("absent", {"id": "g", "seq": 1, "delta": {}}, "delta", "'delta': the delta carries neither content nor reasoning_content."),
+    ("not-object", [], None, "Input payload validation failed: body: must be an object"),
+    ("id", {"seq": 1, "delta": {"content": "x"}}, None, "Input payload validation failed: id: has to be the generation id (a string)"),
+    ("seq-zero", {"id": "g", "seq": 0, "delta": {"content": "x"}}, None, "Input payload validation failed: seq: has to be an integer of at least 1"),
+    ("seq-bool", {"id": "g", "seq": True, "delta": {"content": "x"}}, None, "Input payload validation failed: seq: has to be an integer of at least 1"),
+    ("delta-type", {"id": "g", "seq": 1, "delta": "x"}, None, "Input payload validation failed: delta: has to be an object"),
+    ("content-type", {"id": "g", "seq": 1, "delta": {"content": 1}}, None, "Input payload validation failed: delta.content: has to be a string"),
+    ("reasoning-type", {"id": "g", "seq": 1, "delta": {"content": "x", "reasoning_content": 1}}, None, "Input payload validation failed: delta.reasoning_content: has to be a string"),
+    ("empty", {"id": "g", "seq": 1, "delta": {"content": "", "reasoning_content": ""}}, None, "The delta carries neither content nor reasoning_content."),
+    ("absent", {"id": "g", "seq": 1, "delta": {}}, None, "The delta carries neither content nor reasoning_content."),
 ]  # fmt: skip
 
 

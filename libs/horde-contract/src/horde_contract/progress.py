@@ -38,35 +38,36 @@ class ChatProgress:
         return utf8_len(self.content) + utf8_len(self.reasoning_content or "")
 
 
-def _bad(param: str, text: str) -> HordeError:
-    return HordeError(400, RC.BadRequest, f"'{param}': {text}", param, openai_message=text)
+def _invalid(field: str, text: str) -> HordeError:
+    # Upstream's validator wording ("Input payload validation failed: <field>: ..."), no param: the wire as served.
+    return HordeError(400, RC.BadRequest, f"Input payload validation failed: {field}: {text}")
 
 
 def parse_progress_body(body: Any) -> ChatProgress:
-    """Validate ``POST /v2/generate/text/progress``: ``{id, seq, delta: {content, reasoning_content?}}``.
+    """Validate ``POST /v2/generate/text/progress``: ``{id, seq, delta: {content?, reasoning_content?}}``.
 
     Raises 400 BadRequest for a wrong type, a seq below 1, and a delta whose content and reasoning_content
-    are both empty or absent. See docs/native-api.md#progress.
+    are both empty or absent ("The delta carries neither content nor reasoning_content."). NUL characters are
+    kept: the caller stores them as U+FFFD. See docs/native-api.md#progress.
     """
     if not isinstance(body, dict):
-        raise HordeError(400, RC.BadRequest, "The progress body has to be a JSON object.", None)
+        raise _invalid("body", "must be an object")
     job_id = body.get("id")
     if not isinstance(job_id, str) or not job_id:
-        raise _bad("id", "has to be the generation id (a string).")
+        raise _invalid("id", "has to be the generation id (a string)")
     seq = body.get("seq")
     if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
-        raise _bad("seq", "has to be an integer from 1.")
+        raise _invalid("seq", "has to be an integer of at least 1")
     delta = body.get("delta")
     if not isinstance(delta, dict):
-        raise _bad("delta", "has to be an object with content.")
+        raise _invalid("delta", "has to be an object")
     content = delta.get("content")
     reasoning = delta.get("reasoning_content")
-    if content is not None and not isinstance(content, str):
-        raise _bad("delta.content", "has to be a string.")
-    if reasoning is not None and not isinstance(reasoning, str):
-        raise _bad("delta.reasoning_content", "has to be a string.")
+    for name, value in (("content", content), ("reasoning_content", reasoning)):
+        if value is not None and not isinstance(value, str):
+            raise _invalid(f"delta.{name}", "has to be a string")
     if not content and not reasoning:
-        raise _bad("delta", "the delta carries neither content nor reasoning_content.")
+        raise HordeError(400, RC.BadRequest, "The delta carries neither content nor reasoning_content.")
     return ChatProgress(id=job_id, seq=seq, content=content or "", reasoning_content=reasoning or None)
 
 

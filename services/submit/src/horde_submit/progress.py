@@ -30,11 +30,12 @@ import asyncpg
 import redis.asyncio as redis
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse
-from horde_contract import RC
 from horde_contract.errors import HordeError
 from horde_contract.limits import TEXT_JOB_LEASE_SECONDS
 from horde_contract.progress import (
+    ChatProgress,
     chat_job_aborted_error,
+    parse_progress_body,
     progress_cap_reached_error,
     progress_not_streaming_error,
     progress_out_of_sequence_error,
@@ -71,10 +72,6 @@ LEASE_RENEWALS = counter(
 )
 
 
-def bad_request(text: str) -> HordeError:
-    return HordeError(400, RC.BadRequest, text)
-
-
 # The renewal's one statement: extend the pending generation's job_ttl unless its request is past its expiry,
 # and say which of gone / expired / extended it found.
 _RENEW_SQL = """
@@ -94,39 +91,13 @@ SELECT (SELECT wp_id FROM target) AS wp_id, (SELECT expired FROM target) AS expi
 """
 
 
-@dataclass(frozen=True, slots=True)
-class ProgressPost:
-    """A validated progress body."""
-
-    id: str
-    seq: int
-    content: str
-    reasoning: str | None
-
-
-def parse_progress(body: Any) -> ProgressPost:
-    """Validate ``{id, seq, delta: {content?, reasoning_content?}}``; 400 BadRequest otherwise."""
-    if not isinstance(body, dict):
-        raise bad_request("Input payload validation failed: body: must be an object")
-    gen_id = body.get("id")
-    if not isinstance(gen_id, str) or not gen_id:
-        raise bad_request("Input payload validation failed: id: has to be the generation id (a string)")
-    seq = body.get("seq")
-    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
-        raise bad_request("Input payload validation failed: seq: has to be an integer of at least 1")
-    delta = body.get("delta")
-    if not isinstance(delta, dict):
-        raise bad_request("Input payload validation failed: delta: has to be an object")
-    content = delta.get("content")
-    reasoning = delta.get("reasoning_content")
-    for name, value in (("content", content), ("reasoning_content", reasoning)):
-        if value is not None and not isinstance(value, str):
-            raise bad_request(f"Input payload validation failed: delta.{name}: has to be a string")
-    if not content and not reasoning:
-        raise bad_request("The delta carries neither content nor reasoning_content.")
-    # NUL is stored as U+FFFD in the final reply; relaying it the same way keeps the stream its prefix.
-    return ProgressPost(
-        gen_id, seq, replace_nul(content or ""), replace_nul(reasoning) if reasoning else None
+def parse_progress(body: Any) -> ChatProgress:
+    """The contract's progress body (400 BadRequest otherwise), with NUL stored as U+FFFD in the final reply;
+    relaying it the same way keeps the stream its prefix."""
+    post = parse_progress_body(body)
+    reasoning = post.reasoning_content
+    return ChatProgress(
+        post.id, post.seq, replace_nul(post.content), replace_nul(reasoning) if reasoning else None
     )
 
 
@@ -153,7 +124,7 @@ class ProgressHandler:
         gen_uuid = gens.parse_uuid(post.id)
         try:
             result = await self._appender.append(
-                post.id, key_check=check, seq=post.seq, content=post.content, reasoning=post.reasoning
+                post.id, key_check=check, seq=post.seq, content=post.content, reasoning=post.reasoning_content
             )
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
             raise progress_unavailable_error() from exc
