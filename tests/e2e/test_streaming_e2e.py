@@ -164,7 +164,7 @@ def test_a_paced_reply_arrives_chunk_by_chunk(streaming_stack: Stack) -> None:
 
 
 def test_tools_and_structured_output_are_still_delivered_whole(streaming_stack: Stack) -> None:
-    tool = {
+    tool: Any = {
         "type": "function",
         "function": {
             "name": "get_weather",
@@ -179,7 +179,7 @@ def test_tools_and_structured_output_are_still_delivered_whole(streaming_stack: 
         client(streaming_stack).chat.completions.create(
             **ask("[[tool]] [[pace:2]] weather?"),
             tools=[tool],
-            stream=True,  # type: ignore[arg-type,list-item]
+            stream=True,
         )
     )
     deltas = [c.choices[0].delta for c in chunks if c.choices]
