@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import horde_contract as hc
@@ -257,7 +258,8 @@ def test_unique_items_is_linear_and_keeps_jsonschemas_equality() -> None:
 
 def test_a_large_legal_reply_fits_the_default_bounds() -> None:
     """About 285 KB of objects (more than a 16,384-token job may reply) under a strict schema: well inside the
-    bounds (about 0.2 s of CPU and 94,000 steps here)."""
+    step and reference bounds (about 94,000 steps). The CPU bound is the safety net for what steps do not count;
+    it is not asserted here (a traced or crowded run may take 10x the 0.2 s it takes alone)."""
     item = {
         "type": "object",
         "properties": {
@@ -275,14 +277,10 @@ def test_a_large_legal_reply_fits_the_default_bounds() -> None:
         "additionalProperties": False,
     }
     value = {"items": [{"id": i, "name": "Name Here", "tags": ["a", "b"]} for i in range(5200)]}
-    assert validate(schema, value) is None
+    untimed = replace(DEFAULT_SCHEMA_LIMITS, cpu_seconds=600.0)
+    assert validate(schema, value, untimed) is None
     # Well inside: it fits a quarter of the default step bound too.
-    quarter = SchemaLimits(
-        max_steps=DEFAULT_SCHEMA_LIMITS.max_steps // 4,
-        max_ref_expansions=DEFAULT_SCHEMA_LIMITS.max_ref_expansions,
-        cpu_seconds=DEFAULT_SCHEMA_LIMITS.cpu_seconds,
-    )
-    assert validate(schema, value, quarter) is None
+    assert validate(schema, value, replace(untimed, max_steps=DEFAULT_SCHEMA_LIMITS.max_steps // 4)) is None
 
 
 def test_compile_outcome_is_cached() -> None:
