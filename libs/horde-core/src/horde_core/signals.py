@@ -34,6 +34,7 @@ from typing import Any
 import redis.asyncio as redis
 
 from horde_core.redis_keys import chat_signal_channel, redis_client, signal_hub_channel
+from horde_core.tasks import stop_task
 
 log = logging.getLogger(__name__)
 
@@ -149,11 +150,8 @@ class SignalHub:
         return True
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
         if self._pubsub is not None:
             with contextlib.suppress(Exception):
                 await self._pubsub.aclose()

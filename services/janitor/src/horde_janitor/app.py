@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -12,6 +11,7 @@ from fastapi import FastAPI
 from horde.submit.v1 import settlement_pb2_grpc
 from horde_core.app import create_app as create_base_app
 from horde_core.grpc import insecure_channel
+from horde_core.tasks import stop_task
 from horde_store.stores import open_stores
 
 from horde_janitor.objects import ObjectCleaner
@@ -79,9 +79,7 @@ def create_app(settings: JanitorSettings | None = None) -> FastAPI:
             try:
                 yield
             finally:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await stop_task(task)
                 await channel.close()
 
     return create_base_app(SERVICE, lifespan=lifespan, settings=settings)

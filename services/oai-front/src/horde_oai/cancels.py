@@ -8,7 +8,6 @@ A cancel whose attempt ends failed or timed_out is retried every ``HORDE_OAI_CAN
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import OrderedDict
@@ -16,6 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import httpx
+from horde_core.tasks import stop_task
 
 from horde_oai.horde_client import HordeClient
 from horde_oai.metrics import CANCELS
@@ -43,11 +43,8 @@ class CancelManager:
             self._task = asyncio.create_task(self._retry_loop(), name="horde-oai-cancel-retry")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
         for task in self._delayed:
             task.cancel()  # their cancels run now instead of after the resume grace
         if self._pending or self._delayed:

@@ -16,7 +16,6 @@ on its feed. Recovery:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 import redis.asyncio as redis
 from horde_core.chat_stream import StreamEntry, progress_stream_key, request_id_of_stream
 from horde_core.redis_keys import relay_record_key
+from horde_core.tasks import stop_task
 
 from horde_oai.metrics import DELTA_READS
 
@@ -85,11 +85,8 @@ class DeltaStreamReader:
             self._task = asyncio.create_task(self._run(), name="horde-oai-delta-reader")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
 
     def register(self, request_id: str, start_id: str = FIRST_ID) -> DeltaFeed:
         """Read ``request_id``'s stream from after ``start_id`` (its start by default). Several connections

@@ -514,20 +514,15 @@ class OpenAIBackend(Backend):
         self.discovery = Discovery()
 
     async def _get_json(self, path: str) -> Any:
-        try:
-            resp = await self.client.get(self.root + path, timeout=10.0)
-        except httpx.HTTPError:
-            return None
-        if resp.status_code != 200:
-            return None
-        try:
-            return resp.json()
-        except ValueError:
-            return None
+        return await self._json("GET", path, None, 10.0)
 
     async def _post_json(self, path: str, body: dict[str, Any]) -> Any:
+        return await self._json("POST", path, body, 30.0)
+
+    async def _json(self, method: str, path: str, body: dict[str, Any] | None, seconds: float) -> Any:
+        """The JSON answer of a discovery call, or None for any failure (discovery only probes)."""
         try:
-            resp = await self.client.post(self.root + path, json=body, timeout=30.0)
+            resp = await self.client.request(method, self.root + path, json=body, timeout=seconds)
         except httpx.HTTPError:
             return None
         if resp.status_code != 200:
