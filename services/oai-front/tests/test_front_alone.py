@@ -5,12 +5,14 @@ Refusals that happen before the native submit, and a horde that does not answer.
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 
 import httpx
 import openai
 import pytest
+from horde_contract.refusals import INVALID_API_KEY_MESSAGE
 from horde_testing.launcher import free_port
 from openai.types.chat import ChatCompletionMessageParam
 
@@ -58,6 +60,33 @@ def test_missing_key_is_401(lone_front):
     response = httpx.post(f"{lone_front.url}/v1/chat/completions", json={"model": "m", "messages": MESSAGES})
     assert response.status_code == 401
     assert response.json()["error"]["type"] == "authentication_error"
+
+
+@pytest.mark.parametrize(
+    "raw_key", [b"\xd0\xba\xd0\xbb", b"\xe9t\xe9", b"ke\ty"], ids=["utf8", "latin1", "tab"]
+)
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_key_outside_printable_ascii_is_401_invalid_api_key(lone_front, raw_key: bytes, stream: bool):
+    # httpx refuses to send such a header itself: a raw request, as a hostile client sends it.
+    body = json.dumps({"model": "m", "messages": MESSAGES, "stream": stream}).encode()
+    host, port = lone_front.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer "
+            + raw_key
+            + b"\r\nContent-Type: application/json\r\nContent-Length: "
+            + str(len(body)).encode()
+            + b"\r\n\r\n"
+            + body
+        )
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    head, _, payload = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 401 "), head
+    error = json.loads(payload)["error"]
+    assert (error["code"], error["type"], error["param"]) == ("InvalidAPIKey", "authentication_error", None)
+    assert error["message"] == INVALID_API_KEY_MESSAGE
 
 
 def test_body_over_the_bound_is_413(lone_front):

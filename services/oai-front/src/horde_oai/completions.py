@@ -20,7 +20,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from horde_contract import ANONYMOUS_API_KEY, HordeError, parse_chat_request
+from horde_contract import ANONYMOUS_API_KEY, HordeError, invalid_api_key_error, parse_chat_request
 from horde_contract.errors import RC
 from horde_core.body import (
     CHAT_BODY_LIMITS,
@@ -131,7 +131,8 @@ async def read_body(request: Request, limit: int, read_timeout: float = 60.0) ->
 
 
 def bearer_key(request: Request) -> str:
-    """The API key from ``Authorization: Bearer <key>``; 401 without one."""
+    """The API key from ``Authorization: Bearer <key>``; 401 without one, and 401 InvalidAPIKey for a key with
+    characters outside printable ASCII."""
     header = request.headers.get("authorization", "")
     scheme, _, key = header.partition(" ")
     key = key.strip()
@@ -142,6 +143,11 @@ def bearer_key(request: Request) -> str:
             "'Bearer YOUR_KEY' (0000000000 for anonymous access).",
             "invalid_api_key",
         )
+    if not key.isascii() or not key.isprintable():
+        # No issued key has such characters, and an HTTP header to admission could not carry them: refuse here
+        # as admission refuses an unknown key.
+        unknown = invalid_api_key_error()
+        raise OpenAIError(unknown.status, unknown.message, unknown.rc)
     return key
 
 
