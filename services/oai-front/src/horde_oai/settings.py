@@ -38,9 +38,10 @@ class OaiSettings(HordeSettings):
     oai_cancel_retry_seconds: float = Field(default=30.0, gt=0)
     # Logical database of the progress streams (the chat signal database, where the horde writes them).
     oai_stream_redis_db: int = Field(default=7, ge=0)
-    # Pacing of relayed deltas (docs/openai-front.md#streaming): the longest window a delta's pieces are spread over (0 sends each
-    # delta as it arrives), and the most pieces per second of a window.
+    # Pacing of relayed deltas (docs/openai-front.md#streaming): the longest window a delta's pieces are spread
+    # over (0 sends each delta as it arrives).
     oai_delta_pacing_max_window_seconds: float = Field(default=2.0, ge=0)
+    # The most pieces per second of a paced window.
     oai_delta_pacing_max_chunks_per_second: float = Field(default=20.0, gt=0)
     # How long a dropped relayed stream waits for its client to resume it (Last-Event-ID) before the front
     # cancels the request. 0 cancels at once.
@@ -53,8 +54,9 @@ class OaiSettings(HordeSettings):
     # Largest body the front reads (the native MAX_CHAT_BODY_BYTES); larger returns 413.
     oai_max_body_bytes: int = Field(default=36 * 1024 * 1024, gt=0)
 
-    # In-flight chat completions per process: in total and per client address (503 FrontAtCapacity past them).
+    # In-flight chat completions per process in total (503 FrontAtCapacity past it).
     oai_max_in_flight: int = Field(default=1024, gt=0)
+    # In-flight chat completions per process from one client address (503 FrontAtCapacity past it).
     oai_max_in_flight_per_address: int = Field(default=64, gt=0)
     # A proxy passkey the horde knows (its HORDE_PROXY_PASSKEYS): the native submit then carries the client's
     # address, so each client gets its own per-address rate limits instead of sharing the front's.

@@ -132,8 +132,7 @@ def answer_schemas() -> dict[str, Any]:
 
 
 SUBMIT_ERRORS = {
-    "400": "BadRequest, NulByteInPayload, ChatSubmitInvalid, ChatSubmitNonconformant, ChatModelMismatch, "
-    "DuplicateGen, AbortedGen",
+    "400": "BadRequest, ChatSubmitInvalid, ChatSubmitNonconformant, ChatModelMismatch, DuplicateGen, AbortedGen",
     "401": "InvalidAPIKey",
     "403": "WrongCredentials",
     "404": "InvalidJobID",
@@ -143,7 +142,6 @@ SUBMIT_ERRORS = {
 }
 PROGRESS_ERRORS = {
     "400": "BadRequest",
-    "401": "InvalidAPIKey",
     "403": "WrongCredentials",
     "404": "ChatJobAborted, ChatProgressNotStreaming",
     "408": "RequestBodyTimeout",
