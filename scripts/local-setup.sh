@@ -15,23 +15,24 @@ printf 'export HORDE_WORKER_API_KEY=%s\n' "$(key .local/worker-user.json)" > .lo
 for port in 7101 7102 7103 7104 7002; do
   for _ in $(seq 1 300); do curl -fsS "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && break; sleep 0.2; done
 done
+# The local proxy (one URL): any answer will do (its own paths are the services', checked above).
+for _ in $(seq 1 300); do curl -sS -o /dev/null http://127.0.0.1:7000/ 2>/dev/null && break; sleep 0.2; done
 # The worker starts on this file: after the services answer, so its first pop does not fail to connect.
 touch .local/ready
 cat <<MSG
 
-  Horde Chat is up.
-    OpenAI-compatible front   http://127.0.0.1:7002/v1      (docs: http://127.0.0.1:7002/docs)
-    native admission          http://127.0.0.1:7101/api/v2  (chat/text async, status, models)
-    worker pop                http://127.0.0.1:7102/api/v2/generate/text/pop
-    worker submit             http://127.0.0.1:7103/api/v2/generate/text/submit
+  Horde Chat is up. One URL for workers and clients:  http://127.0.0.1:7000
+    OpenAI-compatible front   http://127.0.0.1:7000/v1      (docs: http://127.0.0.1:7000/docs)
+    native API                http://127.0.0.1:7000/api/v2  (chat/text async, status, models, worker pop/submit)
+    behind it, direct         front :7002, admission :7101, dispatch :7102, submit :7103
     janitor                   http://127.0.0.1:7104/metrics
   Demo API key: $DEMO_KEY    model: $MODEL
 
-  curl http://127.0.0.1:7002/v1/chat/completions \\
+  curl http://127.0.0.1:7000/v1/chat/completions \\
     -H "Authorization: Bearer $DEMO_KEY" -H "Content-Type: application/json" \\
     -d '{"model": "$MODEL", "messages": [{"role": "user", "content": "Hello, horde!"}]}'
 
-  uv run python -c 'from openai import OpenAI; c = OpenAI(base_url="http://127.0.0.1:7002/v1", api_key="$DEMO_KEY"); print(c.chat.completions.create(model="$MODEL", messages=[{"role": "user", "content": "Hello, horde!"}]).choices[0].message.content)'
+  uv run python -c 'from openai import OpenAI; c = OpenAI(base_url="http://127.0.0.1:7000/v1", api_key="$DEMO_KEY"); print(c.chat.completions.create(model="$MODEL", messages=[{"role": "user", "content": "Hello, horde!"}]).choices[0].message.content)'
 
 MSG
 exec sleep infinity

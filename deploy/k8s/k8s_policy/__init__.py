@@ -4,6 +4,8 @@
 - ``schemas``: strict Kubernetes schema validation (kubernetes-validate's schemas);
 - ``objects``: names, labels, namespaces, pod security and resources, probes, selectors, endpoint settings;
 - ``references``: references resolve, the Ingress routes, every component is rendered;
+- ``routing``: the Ingress paths equal the one routing table (horde_testing/routes.py, which the local proxy of
+  ``make run`` is generated from);
 - ``network``: NetworkPolicy ingress and egress, trusted proxies;
 - ``secrets``: the Secret keys each workload reads, the proxy passkeys;
 - ``images``: the root Dockerfile, the image table and their agreement with the manifests.
@@ -21,6 +23,7 @@ from .model import Target
 from .network import check_egress_ranges, check_network_policies, check_trusted_proxies
 from .objects import check_config, check_names, check_namespaces, check_pods, check_selectors
 from .references import check_references, check_routes
+from .routing import check_routing_table
 from .secrets import check_secret_keys
 
 #: The rules run on every render (base and overlays).
@@ -33,6 +36,7 @@ EVERY_RENDER: list[Callable[[Target], None]] = [
     check_network_policies,
     check_egress_ranges,
     check_secret_keys,
+    check_routing_table,
 ]
 #: The rules run only on what gets deployed (overlays): references, routes and proxies need the whole cluster.
 DEPLOYABLE_ONLY: list[Callable[[Target], None]] = [check_references, check_routes, check_trusted_proxies]
