@@ -36,7 +36,7 @@ from horde_contract.limits import (
 from .conftest import Stack
 
 MIB = 1024 * 1024
-#: The amplifying body of the issue: 12 MB of empty objects, or as much as a route's byte bound lets in.
+#: An amplifying body: 12 MB of empty objects, or as much as a route's byte bound lets in.
 AMPLIFYING_BYTES = 12_000_000
 #: Allowed growth of a process's resident memory while it refuses a body: the body read (its chunks and their
 #: join), the scan (a 64 KiB slice at a time) and allocator slack: 3 times the body plus a small constant.

@@ -1,4 +1,4 @@
-"""Foundation issue, "Done when": an OpenAI client gets a chat.completion whose content the reference worker
+"""The walking skeleton: an OpenAI client gets a chat.completion whose content the reference worker
 produced, through admission → dispatch → worker → submit → signal → front, every hop its own process.
 
 Also: killing and restarting any service process loses nothing (a queued request is still served).

@@ -1,5 +1,5 @@
-"""Two dispatch processes pop concurrently from one database: no job is handed out twice (foundation issue,
-"Done when"; spec: the pop's ``FOR UPDATE SKIP LOCKED``)."""
+"""Two dispatch processes pop concurrently from one database: no job is handed out twice (the pop's
+``FOR UPDATE SKIP LOCKED``)."""
 
 from __future__ import annotations
 

@@ -74,7 +74,7 @@ def store_outage_errors() -> tuple[type[Exception], ...]:
 
 
 def install_horde_error_handlers(app: FastAPI) -> None:
-    """Map every error to ``{"message", "rc"}`` with the spec's status (foundation issue, item 5)."""
+    """Map every error to ``{"message", "rc"}`` with its status (docs/native-api.md#refusals)."""
 
     @app.exception_handler(HordeError)
     async def _horde_error(_: Request, exc: HordeError) -> JSONResponse:
