@@ -255,17 +255,3 @@ async def test_worker_in_maintenance_without_own_requests_is_refused(h: Harness)
     r = await h.pop(key, h.chat_body("w-maint"))
     assert r.status_code == 200
     assert await h.db.fetchval("SELECT wp_id FROM processing_gens") == own
-
-
-async def test_paused_worker_gets_only_its_owners_requests(h: Harness) -> None:
-    uid, key = await h.user()
-    assert (await h.pop(key, h.chat_body("w-paused"))).status_code == 200
-    await h.db.execute("UPDATE workers SET paused = true WHERE name = 'w-paused'")
-    other, _ = await h.user()
-    others = await h.request(user_id=other)
-    r = await h.pop(key, h.chat_body("w-paused"))
-    assert r.json() == {"id": None, "ids": [], "skipped": {}}
-    own = await h.request(user_id=uid)
-    r = await h.pop(key, h.chat_body("w-paused"))
-    assert await h.db.fetchval("SELECT wp_id FROM processing_gens") == own
-    assert await h.db.fetchval("SELECT n FROM waiting_prompts WHERE id = $1", others) == 1

@@ -61,7 +61,7 @@ WITH online AS (
 ), processing AS (
     SELECT p.model AS name, count(*) AS processing
     FROM processing_gens p
-    WHERE NOT p.faulted AND p.generation IS NULL
+    WHERE NOT p.faulted AND NOT p.fake AND p.generation IS NULL
     GROUP BY p.model
 ), perf AS (
     SELECT p.model AS name, avg(p.performance) AS performance

@@ -92,8 +92,8 @@ def plausible(pw: PopWorker, a: Announcement) -> bool:
     """Whether the pop described by ``pw`` could take the announced request's job: a cheap in-memory
     pre-filter of the pop statement's model, kind and length rules (queue.py). Empty announced models match any
     worker. False positives only cost a statement; no false negative for the rules it checks, except that a
-    paused worker (which takes only its owner's requests, and announcements do not name the requester) is
-    never woken: it finds its owner's jobs at its periodic recheck."""
+    paused worker is never woken: its jobs for others are fake (queue.py), so a wake would be spent on a decoy
+    while a real worker waits; it finds jobs at its periodic recheck."""
     if pw.paused:
         return False
     if a.is_chat:

@@ -12,6 +12,11 @@ Indexes: the plain page walks ``ix_waiting_prompts_queue`` (partial on active, n
 order) when the worker's models are common in the queue, and otherwise BitmapOrs ``ix_waiting_prompts_models``
 (GIN, ``models && ...``) with ``ix_waiting_prompts_queue_any_model`` (text requests for any model) and sorts
 the few matches; the priority page reads ``ix_waiting_prompts_user_id``.
+
+A paused worker (docs/native-api.md#workers) picks its request exactly as an unpaused one would. Its owner's
+request is a real job; any other request gets one fake generation (``processing_gens.fake``): the request's
+n and expiry are left alone, so real workers still take it, and submit neither pays nor delivers the reply.
+On the wire a fake job is the real payload, so the worker cannot tell (upstream's countermeasure).
 """
 
 from __future__ import annotations
@@ -113,6 +118,8 @@ class PoppedJob:
     assigned: datetime
     over_capacity: bool
     generation_ids: list[uuid.UUID] = field(default_factory=list)
+    #: A paused worker's decoy: its one generation is ``processing_gens.fake`` and the request kept its n.
+    fake: bool = False
 
 
 def _common_filters(p: Params, w: PopWorker) -> list[str]:
@@ -133,9 +140,9 @@ def _common_filters(p: Params, w: PopWorker) -> list[str]:
         filters.append("NOT wp.validated_backends")
     if w.slow:
         filters.append("wp.slow_workers")
-    if w.maintenance or w.paused:
-        # A worker in maintenance serves only its owner's requests. A paused worker gets upstream's fake
-        # jobs elsewhere; here it gets none but its owner's, so it never does real work for others.
+    if w.maintenance:
+        # A worker in maintenance serves only its owner's requests. A paused one is not filtered here: it
+        # picks as any worker would, and the pop statement turns others' requests into fake jobs.
         filters.append(f"wp.user_id = {p.add(w.owner_id, 'bigint', 'owner_id')}")
     return filters
 
@@ -183,12 +190,21 @@ def _kind_filter(p: Params, w: PopWorker) -> str:
     return "(" + " OR ".join(kinds) + ")"
 
 
+def _fake_expression(p: Params, w: PopWorker) -> str:
+    """Whether the picked row (``user_id`` in scope) is a fake job: only for a paused worker, on a request
+    that is not its owner's. A constant ``false`` otherwise (an unpaused pop's statement has no decoy branch)."""
+    if not w.paused:
+        return "false"
+    return f"(user_id <> {p.add(w.owner_id, 'bigint', 'owner_id')})"
+
+
 def build_pop_statement(w: PopWorker) -> tuple[str, list[Any]]:
     """The pop statement and its parameters (see the module docstring)."""
     p = Params()
     filters = " AND ".join([*_common_filters(p, w), _model_filter(p, w), _kind_filter(p, w)])
     prio = p.add(list(dict.fromkeys((w.owner_id, *w.priority_user_ids))), "bigint[]")
     amount = p.add(w.amount, "int")
+    fake = _fake_expression(p, w)
     models = p.add(list(w.models), "text[]", "models")
     model_id = p.add(w.chat_model_id, "text", "model_id")
     offload = p.add(w.offload_transport, "text")
@@ -201,28 +217,13 @@ def build_pop_statement(w: PopWorker) -> tuple[str, list[Any]]:
     chat_len = p.add(w.chat_max_length, "int")
     capacity = p.add(w.capacity, "int")
     order = "ORDER BY wp.extra_priority DESC, wp.created ASC LIMIT 1 FOR UPDATE OF wp SKIP LOCKED"
-    sql = f"""
-WITH prio AS (
-    SELECT wp.id, wp.n, wp.disable_batching FROM waiting_prompts wp
-    WHERE {filters} AND wp.user_id = ANY({prio})
-    {order}
-), plain AS (
-    SELECT wp.id, wp.n, wp.disable_batching FROM waiting_prompts wp
-    WHERE {filters} AND NOT EXISTS (SELECT 1 FROM prio)
-    {order}
-), picked AS (
-    SELECT id, CASE WHEN disable_batching THEN 1 ELSE least({amount}, n) END AS batch FROM prio
-    UNION ALL
-    SELECT id, CASE WHEN disable_batching THEN 1 ELSE least({amount}, n) END AS batch FROM plain
-    LIMIT 1
-), taken AS (
-    UPDATE waiting_prompts wp
-    SET n = wp.n - picked.batch,
-        expiry = greatest(wp.expiry, now() + make_interval(secs => {CHAT_REQUEST_EXPIRY_SECONDS}))
-    FROM picked
-    WHERE wp.id = picked.id
-    RETURNING wp.id, wp.user_id, wp.shared_key_id, wp.is_chat, wp.prompt, wp.params, wp.messages,
+    batch = (
+        f"CASE WHEN {fake} OR disable_batching THEN 1 ELSE least({amount}, n) END AS batch, {fake} AS fake"
+    )
+    # What a job returns, whether the request was taken (UPDATE ... RETURNING) or only read for a fake job.
+    job_columns = f"""wp.id, wp.user_id, wp.shared_key_id, wp.is_chat, wp.prompt, wp.params, wp.messages,
               wp.max_length, wp.max_context_length, wp.chat_extras, wp.stream_progress, wp.created, picked.batch,
+              picked.fake,
               CASE WHEN wp.is_chat THEN {model_id}
                    ELSE coalesce(
                        (SELECT m FROM unnest(wp.models) AS m WHERE m = ANY({models}) ORDER BY random() LIMIT 1),
@@ -232,21 +233,56 @@ WITH prio AS (
                    WHEN wp.chat_messages_offloaded AND {offload} IS NOT NULL THEN {offload}
                    WHEN wp.has_images OR coalesce(wp.messages @> {_IMAGE_PART}, false) THEN {images}
               END AS image_transport,
-              (NOT wp.is_chat AND wp.max_length > {capacity}) AS over_capacity
+              -- Over capacity is not recorded for a fake job (docs/native-api.md#eligibility).
+              (NOT picked.fake AND NOT wp.is_chat AND wp.max_length > {capacity}) AS over_capacity"""
+    # A fake job reads the locked row and changes nothing on it: n and expiry stay for the real workers.
+    decoy = (
+        f"""
+), decoy AS (
+    SELECT {job_columns}
+    FROM waiting_prompts wp JOIN picked ON picked.id = wp.id
+    WHERE picked.fake"""
+        if w.paused
+        else ""
+    )
+    jobs = "SELECT * FROM taken UNION ALL SELECT * FROM decoy" if w.paused else "SELECT * FROM taken"
+    sql = f"""
+WITH prio AS (
+    SELECT wp.id, wp.n, wp.disable_batching, wp.user_id FROM waiting_prompts wp
+    WHERE {filters} AND wp.user_id = ANY({prio})
+    {order}
+), plain AS (
+    SELECT wp.id, wp.n, wp.disable_batching, wp.user_id FROM waiting_prompts wp
+    WHERE {filters} AND NOT EXISTS (SELECT 1 FROM prio)
+    {order}
+), picked AS (
+    SELECT id, {batch} FROM prio
+    UNION ALL
+    SELECT id, {batch} FROM plain
+    LIMIT 1
+), taken AS (
+    UPDATE waiting_prompts wp
+    SET n = wp.n - picked.batch,
+        expiry = greatest(wp.expiry, now() + make_interval(secs => {CHAT_REQUEST_EXPIRY_SECONDS}))
+    FROM picked
+    WHERE wp.id = picked.id AND NOT picked.fake
+    RETURNING {job_columns}{decoy}
+), job AS (
+    {jobs}
 ), gens AS (
     INSERT INTO processing_gens (
         wp_id, worker_id, user_id, model, job_ttl, lease_cap, assigned_model, assigned_max_context_length,
-        assigned_max_length, image_transport, over_capacity_at_assignment, created, started_at
+        assigned_max_length, image_transport, over_capacity_at_assignment, fake, created, started_at
     )
     SELECT t.id, {worker_id}, {owner_id}, t.model, {job_ttl}, {lease_cap},
            CASE WHEN t.is_chat THEN t.model END,
            CASE WHEN t.is_chat THEN {chat_ctx} END,
            CASE WHEN t.is_chat THEN {chat_len} END,
-           t.image_transport, t.over_capacity, now(), now()
-    FROM taken t CROSS JOIN generate_series(1, t.batch)
+           t.image_transport, t.over_capacity, t.fake, now(), now()
+    FROM job t CROSS JOIN generate_series(1, t.batch)
     RETURNING id
 )
-SELECT t.*, now() AS assigned, (SELECT array_agg(g.id) FROM gens g) AS generation_ids FROM taken t
+SELECT t.*, now() AS assigned, (SELECT array_agg(g.id) FROM gens g) AS generation_ids FROM job t
 """
     return sql, p.values
 
@@ -275,6 +311,7 @@ async def pop_job(conn: Conn, w: PopWorker) -> PoppedJob | None:
         assigned=row["assigned"],
         over_capacity=bool(row["over_capacity"]),
         generation_ids=list(row["generation_ids"] or []),
+        fake=bool(row["fake"]),
     )
 
 

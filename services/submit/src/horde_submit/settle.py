@@ -67,6 +67,23 @@ async def settle_cancelled_generation(
     return await settle_cancelled_context(pool, signal, models, ctx)
 
 
+def generation_reward(ctx: gens.GenerationContext, characters: int, models: TextModelReference) -> float:
+    """The worker's reward for ``characters`` of reply (:func:`pricing.generation_kudos` at the served model),
+    fake or not: a fake generation's submit is answered with it though nothing is paid (as upstream, so a
+    paused worker cannot tell its jobs are fake; docs/native-api.md#workers)."""
+    return pricing.generation_kudos(
+        pricing.PricingInputs(
+            reply_characters=characters,
+            prompt_characters=ctx.prompt_characters,
+            max_length=ctx.max_length,
+            max_context_length=ctx.max_context_length,
+            parameters_billion=models.parameters_billion(ctx.served_model),
+            bridge_agent=ctx.bridge_agent,
+            owner_trusted=ctx.owner_trusted,
+        )
+    )
+
+
 def price_settlement(
     ctx: gens.GenerationContext,
     characters: int,
@@ -80,19 +97,7 @@ def price_settlement(
     and escrow (:func:`pricing.escrow_split`), the requester's charge (:func:`pricing.requester_charge`: the
     burn alone for a ``censored`` reply) and the contributed tokens; ``speed`` is the speed sample (tokens per
     second; 0 records none)."""
-    reward = 0.0
-    if not ctx.fake:
-        reward = pricing.generation_kudos(
-            pricing.PricingInputs(
-                reply_characters=characters,
-                prompt_characters=ctx.prompt_characters,
-                max_length=ctx.max_length,
-                max_context_length=ctx.max_context_length,
-                parameters_billion=models.parameters_billion(ctx.served_model),
-                bridge_agent=ctx.bridge_agent,
-                owner_trusted=ctx.owner_trusted,
-            )
-        )
+    reward = 0.0 if ctx.fake else generation_reward(ctx, characters, models)
     owner_kudos, owner_escrow = pricing.escrow_split(reward, ctx.owner_trusted, ctx.owner_id == 0)
     return gens.Settlement(
         reward=reward,

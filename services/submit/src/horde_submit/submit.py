@@ -79,7 +79,7 @@ from horde_submit.metrics import (
     SUBMIT_OUTCOMES,
     WORKER_FAULTS,
 )
-from horde_submit.settle import price_settlement, settle_cancelled_context
+from horde_submit.settle import generation_reward, price_settlement, settle_cancelled_context
 from horde_submit.state import get_state
 
 log = logging.getLogger(__name__)
@@ -387,6 +387,9 @@ class Submitter:
             if result.request_done:
                 signals.append(ChatSignal(str(ctx.wp_id), "done", result.generations))
             await publish_chat_signals(self.signal, signals)
+        if ctx.fake:
+            # Answered as a real job would be (upstream), so a paused worker cannot tell; nothing was paid.
+            return {"reward": generation_reward(ctx, characters, self.models)}
         return {"reward": reward}
 
     @staticmethod
