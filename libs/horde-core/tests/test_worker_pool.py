@@ -20,6 +20,7 @@ def test_needs_round_trip() -> None:
         validated_backends=True,
         slow_workers=False,
         requester_user_id=7,
+        prompt_jobs=True,
     )
     message = needs.to_proto()
     assert message.HasField("tools_temperature") and message.tools_temperature == 0.0
@@ -44,6 +45,7 @@ def test_availability_round_trip_and_gap() -> None:
         eligible_workers=1,
         eligible_threads=2,
         tokens_per_second=20.0,
+        eligible_worker_ids=["w1"],
     )
     message = served.to_proto()
     assert not message.HasField("declaration_gap")

@@ -82,7 +82,8 @@ async def test_text_auth_workers_and_dry_run(client: Any, db: Any) -> None:
 
 async def test_text_allow_downgrade(client: Any, db: Any) -> None:
     model = unique_model()
-    await add_chat_worker(db, model, speed=100)
+    # Text limits of 4096: the queued requests below are ones it could take, so they compete.
+    await add_chat_worker(db, model, speed=100, max_length=4096)
     # the queue ahead pushes the allowance to the floor
     _, rich = await new_user(db, kudos=100_000)
     for _ in range(8):
@@ -116,11 +117,12 @@ def text_decisions(outcome: str, requested: str, allowance: str = "<=512") -> fl
 
 
 async def test_text_creations_are_counted_as_free_allowance_decisions(client: Any, db: Any) -> None:
-    # Without models there is no availability: the allowance is the floor (512).
+    # A model no worker serves: no eligible worker, so the allowance is the floor (512).
     _, rich = await new_user(db, kudos=100_000)
     _, poor = await new_user(db, kudos=0)
-    small = {"prompt": "x", "params": {"max_length": 100}}
-    large = {"prompt": "x", "params": {"max_length": 2048}}
+    model = unique_model()
+    small = {"prompt": "x", "models": [model], "params": {"max_length": 100}}
+    large = {"prompt": "x", "models": [model], "params": {"max_length": 2048}}
     cases: list[tuple[str, dict[str, Any], int, str, str]] = [
         (rich, small, 202, "free", "<=512"),
         (rich, large, 202, "funded", "1025-2048"),

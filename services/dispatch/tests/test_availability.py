@@ -143,3 +143,47 @@ async def test_empty_models_is_invalid_argument(stub: Any) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await ask(stub, models=[])
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def classic_body(name: str, model: str = CHAT_MODEL, **fields: Any) -> dict[str, Any]:
+    """A classic text worker's pop (no chat fields): it takes prompt jobs only."""
+    return {"name": name, "models": [model], "max_length": 512, "max_context_length": 4096, **fields}
+
+
+async def test_a_legacy_text_request_counts_the_text_workers(h: Harness, stub: Any) -> None:
+    owner, key = await h.user()
+    for body in (
+        classic_body("t-1", threads=2),
+        classic_body("t-2", model=OTHER_MODEL),
+        h.chat_body("t-chat-only", prompt_jobs=False),
+        h.chat_body("t-chat-and-text", max_length=1024),
+    ):
+        assert (await h.pop(key, body)).status_code == 200
+    await h.set_worker("t-1", speed=30.0)
+
+    r = await ask(stub, models=[CHAT_MODEL], max_length=256, max_context_length=2048, prompt_jobs=True)
+    # t-1 (2 threads at 30 tokens/s) and t-chat-and-text (1 unmeasured thread); not the chat-only worker.
+    assert (r.known_workers, r.serving_workers, r.eligible_workers, r.eligible_threads) == (2, 2, 2, 3)
+    assert r.tokens_per_second == 2 * 30.0 + 10.0
+    assert (r.max_chat_length, r.HasField("declaration_gap")) == (0, False)
+    ids = await h.db.fetch("SELECT id::text FROM workers WHERE name IN ('t-1', 't-chat-and-text')")
+    assert sorted(r.eligible_worker_ids) == sorted(row["id"] for row in ids)
+
+    # The text limits: above 512 only t-chat-and-text (1024) takes it; above 1024 nobody.
+    r = await ask(stub, models=[CHAT_MODEL], max_length=1024, prompt_jobs=True)
+    assert (r.serving_workers, r.eligible_workers) == (2, 1)
+    r = await ask(stub, models=[CHAT_MODEL], max_length=256, max_context_length=8192, prompt_jobs=True)
+    assert (r.serving_workers, r.eligible_workers, r.eligible_threads) == (2, 0, 0)
+
+    # Without models any text worker serves it.
+    r = await ask(stub, models=[], max_length=256, prompt_jobs=True)
+    assert (r.eligible_workers, r.eligible_threads) == (3, 4)
+
+    # Rule 4 applies; a paused worker serves only its owner.
+    r = await ask(stub, models=[CHAT_MODEL], max_length=256, validated_backends=True, prompt_jobs=True)
+    assert r.eligible_workers == 1  # the chat body's bridge is the validated reference worker; t-1's unknown
+    await h.set_worker("t-chat-and-text", paused=True)
+    r = await ask(stub, models=[CHAT_MODEL], max_length=256, prompt_jobs=True)
+    assert (r.known_workers, r.serving_workers, r.eligible_workers) == (2, 1, 1)
+    r = await ask(stub, models=[CHAT_MODEL], max_length=256, prompt_jobs=True, requester_user_id=owner)
+    assert (r.serving_workers, r.eligible_workers) == (2, 2)

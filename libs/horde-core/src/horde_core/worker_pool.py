@@ -23,7 +23,9 @@ class RequestNeeds:
     guarantees). ``max_length``/``max_context_length``: tokens, 0 skips the check. ``tools_temperature``: the
     temperature a job carries when it forwards tools, else None. ``only_worker_ids``/``ignore_worker_ids``,
     ``trusted_workers``, ``validated_backends``, ``slow_workers``: the request's ``horde`` worker choice.
-    ``requester_user_id``: a worker in maintenance or paused still serves its owner.
+    ``requester_user_id``: a worker in maintenance or paused still serves its owner. ``prompt_jobs``: a legacy
+    text request, served by the workers that take prompt jobs and list one of its models (any model when
+    ``models`` is empty), within their text limits; the chat fields do not apply to it.
     """
 
     models: list[str]
@@ -38,6 +40,7 @@ class RequestNeeds:
     validated_backends: bool = False
     slow_workers: bool = True
     requester_user_id: int = 0
+    prompt_jobs: bool = False
 
     def to_proto(self) -> worker_pool_pb2.GetAvailabilityRequest:
         """The request message; ``tools_temperature`` None leaves the optional field unset."""
@@ -54,6 +57,7 @@ class RequestNeeds:
             validated_backends=self.validated_backends,
             slow_workers=self.slow_workers,
             requester_user_id=self.requester_user_id,
+            prompt_jobs=self.prompt_jobs,
         )
 
     @classmethod
@@ -73,6 +77,7 @@ class RequestNeeds:
             validated_backends=r.validated_backends,
             slow_workers=r.slow_workers,
             requester_user_id=r.requester_user_id,
+            prompt_jobs=r.prompt_jobs,
         )
 
 
@@ -85,7 +90,11 @@ class Availability:
     model is served); the largest chat limits (tokens), the eligible workers, their threads and their speed
     (tokens per second, each worker counted once per thread) count only those. ``missing_declarations`` and
     ``exceeded_limits``: the declaration gap (sorted), non-empty only when no worker is eligible and every
-    serving worker was refused for a declaration.
+    serving worker was refused for a declaration. ``eligible_worker_ids``: the eligible workers' ids, whose
+    queue the request would join (the free output allowance's competing requests).
+
+    For a legacy text request (``RequestNeeds.prompt_jobs``) the workers are the online workers that take
+    prompt jobs and list a requested model; the chat limits and the declaration gap stay empty.
     """
 
     serving_workers: int = 0
@@ -97,6 +106,7 @@ class Availability:
     missing_declarations: list[str] = field(default_factory=list)
     exceeded_limits: list[str] = field(default_factory=list)
     known_workers: int = 0
+    eligible_worker_ids: list[str] = field(default_factory=list)
 
     @property
     def model_known(self) -> bool:
@@ -121,6 +131,7 @@ class Availability:
             eligible_workers=self.eligible_workers,
             eligible_threads=self.eligible_threads,
             tokens_per_second=self.tokens_per_second,
+            eligible_worker_ids=self.eligible_worker_ids,
         )
         if self.missing_declarations or self.exceeded_limits:
             response.declaration_gap.missing_declarations.extend(self.missing_declarations)
@@ -141,4 +152,5 @@ class Availability:
             tokens_per_second=r.tokens_per_second,
             missing_declarations=list(gap.missing_declarations) if gap else [],
             exceeded_limits=list(gap.exceeded_limits) if gap else [],
+            eligible_worker_ids=list(r.eligible_worker_ids),
         )

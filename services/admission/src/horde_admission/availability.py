@@ -5,7 +5,8 @@ See docs/native-api.md#known-models (404 UnknownChatModel, 403 NoEligibleWorker)
 speed). The text model reference (``HORDE_TEXT_MODEL_REFERENCE``, loaded at process start) is in memory; the
 worker pool is asked about a model only when the reference does not list it. A model is known while an
 online chat worker (checked in within 300 s) serves it, paused or in maintenance included; it is served only
-by the workers that take this requester's jobs.
+by the workers that take this requester's jobs. A legacy text request's availability (``RequestNeeds.prompt_jobs``)
+counts the text workers instead: those taking prompt jobs that list one of its models, within their text limits.
 """
 
 from __future__ import annotations
@@ -179,10 +180,11 @@ async def cache_availability(redis: Any, request_id: str, availability: Availabi
     """Keep a request's availability for its status reads (docs/native-api.md#impossible-reason, 60 s). Best effort."""
     if seconds <= 0:
         return
+    kept = asdict(availability)
+    # The status reads counts and the gap; the ids only size the allowance, already decided.
+    kept.pop("eligible_worker_ids", None)
     try:
-        await redis.set(
-            availability_cache_key(request_id), json.dumps(asdict(availability)), ex=max(1, int(seconds))
-        )
+        await redis.set(availability_cache_key(request_id), json.dumps(kept), ex=max(1, int(seconds)))
     except Exception:
         log.warning("availability cache write failed", exc_info=True)
 

@@ -42,15 +42,17 @@ def parse_request_id(request_id: str, is_chat: bool) -> uuid.UUID:
 
 
 async def request_availability(
-    state: AdmissionState, request_id: uuid.UUID, head: Any
+    state: AdmissionState, request_id: uuid.UUID, head: Any, is_chat: bool = True
 ) -> Availability | None:
-    """The request's availability: the cached copy (60 s) or a fresh GetAvailability. None when dispatch does
-    not answer (the status then leaves is_possible true)."""
+    """The request's availability: the cached copy (60 s) or a fresh GetAvailability (a text request's: the
+    text workers', ``prompt_jobs``). None when dispatch does not answer (the status then leaves is_possible
+    true)."""
     cached = await cached_availability(state.redis, str(request_id))
     if cached is not None:
         return cached
     workers = [str(w) for w in (head["workers"] or [])]
     needs = RequestNeeds(
+        prompt_jobs=not is_chat,
         models=list(head["models"] or []),
         required_features=list(head["chat_required_features"] or []),
         max_length=int(head["max_length"] or 0),
@@ -80,7 +82,7 @@ async def read_status_body(state: AdmissionState, request_id: str, is_chat: bool
     if found is None:
         raise request_not_found(request_id, is_chat)
     head, gens = found
-    availability = await request_availability(state, rid, head) if is_chat else None
+    availability = await request_availability(state, rid, head, is_chat)
     return await build_status(head, gens, is_chat, availability, state.queue_ahead_memo)
 
 

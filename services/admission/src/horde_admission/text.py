@@ -41,6 +41,7 @@ from horde_admission.chat import NO_WORKER_WARNING
 from horde_admission.checks import check_concurrency, check_shared_key, check_workers_exist, client_agent
 from horde_admission.creation import Funding, create_or_refuse, free_allowance, horde_tax, upfront_hold
 from horde_admission.lifecycle import cancel_and_report, read_status_body
+from horde_admission.operator_controls import check_ip_timeout, check_maintenance, moderate_prompt
 from horde_admission.settings import AdmissionSettings
 from horde_admission.state import AdmissionState, get_state
 
@@ -182,13 +183,12 @@ def parse_text_body(body: dict[str, Any]) -> TextRequest:
 async def text_availability(
     state: AdmissionState, text: TextRequest, requester: Requester
 ) -> Availability | None:
-    """Availability of the listed models' online workers; None without models or when dispatch is down.
-
-    Simplified: WorkerPool answers for chat workers, which stand in for the text pool here.
+    """Availability of the online text workers for the request: those taking prompt jobs that list one of its
+    models (any model when it lists none) within their text limits, rule 4 applied (the WorkerPool's
+    ``prompt_jobs`` needs); None when dispatch is down.
     """
-    if not text.models:
-        return None
     needs = RequestNeeds(
+        prompt_jobs=True,
         models=text.models,
         max_length=text.max_length,
         max_context_length=text.max_context_length,
@@ -265,20 +265,29 @@ async def text_async(request: Request) -> JSONResponse:
 
     Body: ``{prompt, params?, models?, workers?, worker_blacklist?, trusted_workers?, validated_backends?,
     slow_workers?, dry_run?, allow_downgrade?}``; header ``apikey``. 202 ``{id, kudos, message?}``; dry run
-    200 ``{kudos}``. Errors: 429, 400 BadRequest / MissingPrompt / text params rc, 401 InvalidAPIKey, 403
-    SharedKeyExpired / SharedKeyEmpty, 404 WorkerNotFound, 429 TooManyPrompts, 400 BadRequest above a shared
-    key's max_text_tokens, 403 SharedKeyInsufficientKudos, 403 KudosUpfront.
+    200 ``{kudos}``. Errors: 429, 400 BadRequest / MissingPrompt / text params rc, 400 MaintenanceMode, 401
+    InvalidAPIKey, 403 SharedKeyExpired / SharedKeyEmpty, 404 WorkerNotFound, 429 TooManyPrompts, 403
+    TimeoutIP, 400 CorruptPrompt, 400 BadRequest above a shared key's max_text_tokens, 403
+    SharedKeyInsufficientKudos, 403 KudosUpfront.
     """
     state = get_state(request)
     settings = state.settings
     await state.limiter.check(request, "text_async")
     text = parse_text_body(await read_json_object(request, settings.body_read_timeout_seconds))
+    controls = state.operator_controls
     async with state.pool.acquire() as conn:
+        await check_maintenance(controls, conn, settings)
         requester = await authenticate(conn, request.headers.get("apikey"), settings.secret_key)
         if not text.prompt:
             raise HordeError(400, RC.MissingPrompt, "You cannot specify an empty prompt.")
         await check_workers_exist(state, text.workers)
         await check_concurrency(state, requester, text.models, text.n, conn)
+    # Countermeasures and moderation, as upstream: the address's timeout, then the replacement filter.
+    await check_ip_timeout(state.redis, request, settings)
+    submitted_prompt = text.prompt
+    prompt = moderate_prompt(controls, settings, requester, text.models, state.model_reference, text.prompt)
+    if prompt is not text.prompt:
+        text = dataclasses.replace(text, prompt=prompt)
 
     max_length, context, n = text.max_length, text.max_context_length, text.n
     tax = horde_tax(settings)
@@ -296,6 +305,7 @@ async def text_async(request: Request) -> JSONResponse:
     # key must cover is checked again under its row lock when the row is written.
     key_amount = check_shared_key(state, funding, text.models, max_length, context, n, tax)
     created = new_text_request(text, requester, request, settings, estimate, tax, key_amount)
+    created.submitted_prompt = submitted_prompt  # as sent, before the replacement filter
     may_downgrade = text.allow_downgrade and not (settings.upfront_kudos_on_workerlist and lists_workers)
 
     def downgrade() -> store.NewRequest:

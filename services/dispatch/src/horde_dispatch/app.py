@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from horde_core.app import create_app as create_base_app
 from horde_core.app import include_native
+from horde_store.model_reference import load_text_model_reference
 from horde_store.stores import open_stores
 
 from . import openapi, pop, worker_routes
@@ -32,9 +33,11 @@ def create_app(settings: DispatchSettings | None = None) -> FastAPI:
     :class:`DispatchState` on ``app.state.dispatch``, starts the queue announcement subscriber of the long-poll
     pop and the WorkerPool gRPC server on ``settings.dispatch_grpc_port`` unless ``dispatch_grpc_enabled`` is
     false. Waiting pops are released (answered empty) at SIGTERM/SIGINT, before uvicorn drains connections,
-    and at the latest when the lifespan ends.
+    and at the latest when the lifespan ends. The text model reference (the uptime reward's model size) is read
+    here, so a missing or unreadable HORDE_TEXT_MODEL_REFERENCE stops the process at start.
     """
     settings = settings or DispatchSettings()
+    model_reference = load_text_model_reference(settings.text_model_reference)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -49,6 +52,7 @@ def create_app(settings: DispatchSettings | None = None) -> FastAPI:
                 objects=objects,
                 longpoll=longpoll,
                 announcements=subscriber,
+                model_reference=model_reference,
             )
             app.state.dispatch = state
             subscriber.start()

@@ -11,6 +11,11 @@ One statement reads the online chat workers serving any requested model (``ix_wo
 paused and in maintenance included, each flagged whether it serves this requester; the rules run here,
 through ``horde_contract.chat_refusal_reasons``, as ``can_generate`` does upstream. The size limits are not
 applied in SQL, so a worker below them is refused here and its refusal counts toward the gap.
+
+A legacy text request (``prompt_jobs``) is asked about the text workers instead, as the queue query serves it
+(docs/native-api.md#eligibility): online workers that take prompt jobs and list one of its models (any worker
+for a request without models; ``ix_workers_models``), rule 4, and its max_length and max_context_length within
+the worker's text limits. Legacy text jobs are not speed-gated, and a text request has no declaration gap.
 """
 
 from __future__ import annotations
@@ -26,13 +31,13 @@ from horde_contract import (
     chat_refusal_reasons,
     declaration_gap,
 )
+from horde_contract.bridges import is_validated_bridge
 from horde_contract.requirements import IMAGE_TRANSPORTS_REASON
 from horde_core.worker_pool import Availability, RequestNeeds
 from horde_store.db import ConnOrPool
 
 from .lease import effective_speed, lease_capacity
 from .queue import SLOW_WORKER_SPEED
-from .workers import is_validated_bridge
 
 #: The refusal reason of the speed gate (TextWorker.can_generate_with_eligibility_inputs).
 LEASE_SPEED_REASON = "lease_speed"
@@ -48,6 +53,18 @@ SELECT w.id, w.user_id, w.threads, w.speed, w.chat_model_id, w.chat_features, w.
 FROM workers w JOIN users u ON u.id = w.user_id
 WHERE w.accepts_chat_jobs
   AND w.chat_model_id = ANY($1::text[])
+  AND w.last_check_in > now() - make_interval(secs => {ONLINE_WORKER_SECONDS})
+"""
+
+
+# Online workers taking prompt jobs that list any of the models ($1 empty: any), paused and in maintenance
+# included as above.
+_ONLINE_TEXT_WORKERS = f"""
+SELECT w.id, w.user_id, w.threads, w.speed, w.max_length, w.max_context_length, w.bridge_agent, u.trusted,
+       ((NOT w.maintenance AND NOT w.paused) OR w.user_id = $2::bigint) AS serves
+FROM workers w JOIN users u ON u.id = w.user_id
+WHERE w.accepts_prompt_jobs
+  AND (cardinality($1::text[]) = 0 OR w.models && $1::text[])
   AND w.last_check_in > now() - make_interval(secs => {ONLINE_WORKER_SECONDS})
 """
 
@@ -128,10 +145,7 @@ def evaluate(rows: Sequence[asyncpg.Record], q: RequestNeeds) -> Availability:
         if reasons:
             refusals.append(gap_reasons(reasons, declaration))
             continue
-        threads = int(row["threads"])
-        result.eligible_workers += 1
-        result.eligible_threads += threads
-        result.tokens_per_second += effective_speed(row["speed"]) * threads
+        _count_eligible(result, row)
     gap = declaration_gap(refusals) if result.eligible_workers == 0 and refusals else None
     if gap is not None:
         result.missing_declarations = gap["missing_declarations"]
@@ -139,9 +153,39 @@ def evaluate(rows: Sequence[asyncpg.Record], q: RequestNeeds) -> Availability:
     return result
 
 
+def _count_eligible(result: Availability, row: asyncpg.Record) -> None:
+    """Count one eligible worker: its threads, its speed once per thread, its id."""
+    threads = int(row["threads"])
+    result.eligible_workers += 1
+    result.eligible_threads += threads
+    result.tokens_per_second += effective_speed(row["speed"]) * threads
+    result.eligible_worker_ids.append(str(row["id"]))
+
+
+def evaluate_text(rows: Sequence[asyncpg.Record], q: RequestNeeds) -> Availability:
+    """Rule 4 and the text limits on the online text workers' rows (pure): a legacy text request's
+    availability. Every row counts toward ``known_workers``, rows whose ``serves`` is true toward
+    ``serving_workers``; the chat limits and the declaration gap stay empty."""
+    result = Availability(known_workers=len(rows))
+    for row in rows:
+        if not row["serves"]:
+            continue
+        result.serving_workers += 1
+        if not _passes_rule_4(row, q):
+            continue
+        if q.max_length > int(row["max_length"]) or q.max_context_length > int(row["max_context_length"]):
+            continue
+        _count_eligible(result, row)
+    return result
+
+
 async def get_availability(conn: ConnOrPool, q: RequestNeeds) -> Availability:
-    """The availability of ``q``'s models for its needs; one statement."""
+    """The availability of ``q``'s models for its needs: the chat workers', or the text workers' for a legacy
+    text request (``q.prompt_jobs``); one statement."""
     models = list(dict.fromkeys(q.models))
+    if q.prompt_jobs:
+        rows = await conn.fetch(_ONLINE_TEXT_WORKERS, models, q.requester_user_id)
+        return evaluate_text(rows, q)
     if not models:
         return Availability()
     rows = await conn.fetch(_ONLINE_CHAT_WORKERS, models, q.requester_user_id)

@@ -29,9 +29,10 @@ class WorkerPoolServicer(worker_pool_pb2_grpc.WorkerPoolServiceServicer):
             worker_pool_pb2.GetAvailabilityRequest, worker_pool_pb2.GetAvailabilityResponse
         ],
     ) -> worker_pool_pb2.GetAvailabilityResponse:
-        """Availability of the request's models. INVALID_ARGUMENT without models; UNAVAILABLE when the
+        """Availability of the request's models. INVALID_ARGUMENT without models, except for a legacy text
+        request (``prompt_jobs``: any text worker may serve one without models); UNAVAILABLE when the
         database cannot be reached (:mod:`horde_core.grpc_errors`)."""
-        if not request.models:
+        if not request.models and not request.prompt_jobs:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "models must not be empty")
         needs = RequestNeeds.from_proto(request)
         needs.only_worker_ids = parse_worker_ids(needs.only_worker_ids)

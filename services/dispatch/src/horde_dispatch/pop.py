@@ -4,8 +4,8 @@ See docs/native-api.md#chat-declaration, #eligibility, #chat-job-payload, #job-l
 #progress (the lease written at pop); docs/native-api.md#pop (fields, refusals, queue order,
 ``skipped``, ttl, payload) and §6 (creation, check-in).
 
-Round trips: authentication, the check-in upsert, the pop statement; an empty pop adds the ``skipped``
-count. Nothing reads the object store or Redis before the pop statement has committed.
+Round trips: authentication, the check-in upsert (which also pays a due uptime reward,
+docs/native-api.md#uptime-kudos), the pop statement; an empty pop adds the ``skipped`` count. Nothing reads the object store or Redis before the pop statement has committed.
 
 Long-poll (``wait_seconds`` > 0, docs/worker-guide.md#long-poll): when the first pop statement finds nothing, the
 route gives its connection back and waits in :mod:`horde_dispatch.longpoll`; each retry runs the pop
@@ -26,6 +26,7 @@ from horde_contract import (
     TRUSTED_TEXT_JOB_LEASE_CAP_SECONDS,
     UNTRUSTED_TEXT_JOB_LEASE_CAP_SECONDS,
 )
+from horde_contract.bridges import is_validated_bridge
 from horde_contract.errors import HordeError
 from horde_contract.refusals import wrong_credentials_error
 from horde_core.capacity import leave_in_flight
@@ -41,7 +42,7 @@ from .payload import chat_job_payload, text_job_payload
 from .pop_body import PopBody, parse_pop_body, read_pop_body
 from .queue import SLOW_WORKER_SPEED, PoppedJob, PopWorker, count_skipped, pop_job
 from .state import DispatchState, get_state
-from .workers import WorkerRow, check_in, is_validated_bridge
+from .workers import UptimeRule, WorkerRow, check_in
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,18 @@ FROM workers w JOIN users u ON u.id = w.user_id WHERE w.id = $1
 
 
 def _record_assignment(job: PoppedJob, worker: PopWorker, capacity: int, speed: float) -> None:
+    """Queue wait and the over-capacity shadow of a real assignment; a fake job only logs its ids (INFO)
+    and is recorded in neither (docs/native-api.md#eligibility)."""
+    if job.fake:
+        log.info(
+            "fake job assigned to a paused worker",
+            extra={
+                "generation_ids": [str(g) for g in job.generation_ids],
+                "request_id": str(job.wp_id),
+                "worker_id": str(worker.worker_id),
+            },
+        )
+        return
     wait = max(0.0, (job.assigned - job.created).total_seconds())
     QUEUE_WAIT_SECONDS.labels(
         requester=requester_kind(anonymous=job.requester_id == 0, shared_key=job.shared_key_id is not None),
@@ -129,9 +142,11 @@ async def pop_text_job(
     bridge_agent, softprompts, priority_usernames, …) and the chat declaration (chat_jobs, prompt_jobs,
     chat_features, chat_limits, model_id, image_transports). Lengths are tokens.
 
-    200 with a job: ``{payload, id, ids, model, ttl, skipped: {}}`` plus ``chat: true`` for a chat job, ``ttl``
-    being the job lease in seconds (HORDE_TEXT_JOB_LEASE_SECONDS, 150 by default; docs/native-api.md#job-lease);
-    without one: ``{id: null, ids: [], skipped: {reason: count}}``.
+    200 with a job: ``{payload, id, ids, model, ttl, softprompt: null, skipped: {}}`` plus ``chat: true`` for a
+    chat job, ``ttl`` being the job lease in seconds (HORDE_TEXT_JOB_LEASE_SECONDS, 150 by default;
+    docs/native-api.md#job-lease) and ``softprompt`` always null (soft prompts are not served; older bridges read
+    the key); without one: ``{id: null, ids: [], skipped: {reason: count}}``. A paused worker's job for another
+    user's request is a fake one, indistinguishable here (docs/native-api.md#workers).
 
     Long-poll (a Horde Chat extension): ``wait_seconds`` (a number, 0 to 20, default 0) holds an empty pop up
     to that many seconds (at most HORDE_POP_WAIT_MAX_SECONDS); the answer comes as soon as a job this worker
@@ -154,7 +169,8 @@ async def pop_text_job(
     # One connection for the whole pop: a request queues for the pool once, not once per statement.
     async with state.pool.acquire() as conn:
         owner = await authenticate_worker_owner(conn, apikey, settings.secret_key)
-        worker = await check_in(conn, owner.id, pop, ipaddr)
+        uptime = UptimeRule(state.model_reference, settings.worker_uptime_reward_seconds)
+        worker = await check_in(conn, owner.id, pop, ipaddr, uptime)
         pw = _pop_worker(pop, owner, worker, settings.text_job_lease_seconds)
         job = await pop_job(conn, pw)
         if job is None:
@@ -235,6 +251,7 @@ async def pop_text_job(
                     job_ttl=pw.job_ttl,
                     lease_cap=pw.lease_cap,
                     trusted=pw.trusted,  # as re-read by a long poll
+                    fake=job.fake,
                 )
                 for gid in ids
             }
@@ -242,5 +259,6 @@ async def pop_text_job(
     else:
         response["payload"] = text_job_payload(job)
     response["ttl"] = pw.job_ttl
+    response["softprompt"] = None
     response["skipped"] = {}
     return response

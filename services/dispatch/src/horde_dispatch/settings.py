@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from horde_contract.bridges import UPTIME_REWARD_SECONDS
 from horde_contract.limits import MAX_POP_WAIT_SECONDS
 from horde_core.settings import HordeSettings
 from pydantic import Field
@@ -17,9 +18,13 @@ class DispatchSettings(HordeSettings):
     while Redis was unreachable and for jobs no announcement names (docs/worker-guide.md#long-poll).
     ``pop_wait_max_seconds`` (HORDE_POP_WAIT_MAX_SECONDS, 20 s): the longest this process holds a pop, whatever
     its ``wait_seconds`` asks (0 turns long polls off); lower it below the idle timeout of a proxy in front.
+    ``worker_uptime_reward_seconds`` (HORDE_WORKER_UPTIME_REWARD_SECONDS, 600 s as upstream): a worker earns its
+    uptime reward each time its uptime since the last reward passes this many seconds
+    (docs/native-api.md#uptime-kudos); tests shorten it.
     """
 
     dispatch_grpc_enabled: bool = True
     pop_skipped_scan_limit: int = Field(default=500, ge=0)
     pop_wait_recheck_seconds: float = Field(default=3.0, gt=0)
     pop_wait_max_seconds: float = Field(default=MAX_POP_WAIT_SECONDS, ge=0, le=MAX_POP_WAIT_SECONDS)
+    worker_uptime_reward_seconds: int = Field(default=UPTIME_REWARD_SECONDS, ge=1)

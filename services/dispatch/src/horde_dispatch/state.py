@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import asyncpg
 from fastapi import Request
+from horde_contract import TextModelReference
 from redis.asyncio import Redis
 
 from .longpoll import AnnouncementSubscriber, LongPoll
@@ -17,8 +18,9 @@ from .settings import DispatchSettings
 class DispatchState:
     """``pool`` (PostgreSQL), ``signals`` (Redis on the chat signal db, for stream leases; None when Redis is
     not configured), ``objects`` (S3 for chat images and offloaded messages), ``longpoll`` (the waiting
-    pops and their wake-ups; None: every pop answers at once, as with ``wait_seconds`` 0) and
-    ``announcements`` (the subscriber feeding it)."""
+    pops and their wake-ups; None: every pop answers at once, as with ``wait_seconds`` 0),
+    ``announcements`` (the subscriber feeding it) and ``model_reference`` (HORDE_TEXT_MODEL_REFERENCE, read at
+    start: the uptime reward's model size)."""
 
     settings: DispatchSettings
     pool: asyncpg.Pool
@@ -26,6 +28,7 @@ class DispatchState:
     objects: ObjectStore | None
     longpoll: LongPoll | None = None
     announcements: AnnouncementSubscriber | None = None
+    model_reference: TextModelReference = field(default_factory=TextModelReference)
 
 
 async def get_state(request: Request) -> DispatchState:

@@ -1,7 +1,8 @@
 """Worker rows: creation and check-in at pop, the stored chat declaration, and the worker details routes.
 
 See docs/native-api.md#chat-declaration (the declaration is stored at every pop, inside the 30 s
-window too), #worker-details; docs/native-api.md#workers (creation, check-in, online, trusted, validated).
+window too), #worker-details; docs/native-api.md#workers (creation, check-in, online, trusted, validated),
+#uptime-kudos (the reward the check-in pays; the validated bridges are :mod:`horde_contract.bridges`).
 
 Creation limits (upstream ``JobPopTemplate.get_worker`` and ``User.exceeding_ipaddr_restrictions``), checked
 only when a pop names a worker that does not exist yet, in this order, each 403:
@@ -28,30 +29,22 @@ address (the ``X-Forwarded-For`` client only behind a trusted proxy: ``HORDE_FOR
 from __future__ import annotations
 
 import ipaddress
+import logging
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, overload
 
 import asyncpg
-from horde_contract import ONLINE_WORKER_SECONDS, RC, ChatDeclaration
+from horde_contract import ONLINE_WORKER_SECONDS, RC, ChatDeclaration, TextModelReference
+from horde_contract.bridges import UPTIME_REWARD_SECONDS, uptime_reward
 from horde_contract.errors import HordeError
 from horde_contract.refusals import worker_not_found_error, wrong_credentials_error
 from horde_store.db import Conn, ConnOrPool
 
 from .pop_body import PopBody
 
-#: Bridge names whose backends are validated (horde/bridge_reference.py), plus this project's reference
-#: worker, whose replies the broker verifies like any other.
-VALIDATED_BRIDGES = frozenset(
-    {
-        "AI Horde Worker",
-        "AI Horde Worker~aphrodite~oai",
-        "AI Horde Worker~aphrodite~kai",
-        "KoboldCppEmbedWorker",
-        "TabbyAPI",
-        "Horde Chat Worker",
-    }
-)
+log = logging.getLogger(__name__)
+
 #: A check-in within this many seconds of the last one (of a worker older than that) does not rewrite
 #: the text check-in fields (TextWorker.check_in); the chat declaration is written anyway.
 CHECK_IN_WINDOW_SECONDS = 30
@@ -73,16 +66,6 @@ TOO_MANY_SAME_IPS_MESSAGE = (
 )
 
 
-def bridge_name(bridge_agent: str | None) -> str:
-    """The part of ``bridge_agent`` before the first ``:`` (``unknown`` when empty)."""
-    return (bridge_agent or "").split(":", 1)[0] or "unknown"
-
-
-def is_validated_bridge(bridge_agent: str | None) -> bool:
-    """Whether the worker's bridge is one of :data:`VALIDATED_BRIDGES`."""
-    return bridge_name(bridge_agent) in VALIDATED_BRIDGES
-
-
 @dataclass(frozen=True, slots=True)
 class WorkerRow:
     """The checked-in worker as the pop needs it. Lengths in tokens; ``speed`` tokens/s or None."""
@@ -99,12 +82,22 @@ class WorkerRow:
     maintenance_msg: str | None
     paused: bool
     bridge_agent: str
+    #: The uptime reward this check-in paid (kudos; 0 for none).
+    uptime_reward: float = 0.0
 
 
 # One statement: create the worker or check it in. The declaration columns are written on every pop; the
 # other check-in fields only outside the 30 s window. Uptime accrues unless the worker was stale, paused
 # or in maintenance. A name owned by another user matches no row (403 WrongCredentials).
-_CHECK_IN = f"""
+# Uptime reward (docs/native-api.md#uptime-kudos, upstream WorkerTemplate.check_in): when the uptime since the
+# last reward passes $21 seconds, the worker earns $20 kudos (kudos and uptime_kudos) and so does its owner, in
+# the same statement (the ``paid`` CTE, which touches a user row only then): spendable for a trusted owner,
+# all into escrow (evaluating_kudos) for an untrusted one. A check-in that does not accrue (the worker was
+# stale, paused or in maintenance) restarts the count, so a returning worker stays up a whole interval first.
+# ``last_uptime_reward = now()`` (the statement's transaction time) tells RETURNING that this statement paid.
+_CHECK_IN = (
+    """
+WITH c AS (
 INSERT INTO workers AS w (
     user_id, name, bridge_agent, threads, max_length, max_context_length, models, softprompts, nsfw,
     extra_slow_worker, ipaddr, accepts_chat_jobs, accepts_prompt_jobs, chat_features, chat_max_context_length,
@@ -121,27 +114,59 @@ ON CONFLICT (name) DO UPDATE SET
     chat_model_id = EXCLUDED.chat_model_id,
     image_transports = EXCLUDED.image_transports,
     chat_tools_max_temperature = EXCLUDED.chat_tools_max_temperature,
-    bridge_agent = CASE WHEN {{fresh}} THEN EXCLUDED.bridge_agent ELSE w.bridge_agent END,
-    threads = CASE WHEN {{fresh}} THEN EXCLUDED.threads ELSE w.threads END,
-    max_length = CASE WHEN {{fresh}} THEN EXCLUDED.max_length ELSE w.max_length END,
-    max_context_length = CASE WHEN {{fresh}} THEN EXCLUDED.max_context_length ELSE w.max_context_length END,
-    models = CASE WHEN {{fresh}} THEN EXCLUDED.models ELSE w.models END,
-    softprompts = CASE WHEN {{fresh}} THEN EXCLUDED.softprompts ELSE w.softprompts END,
-    nsfw = CASE WHEN {{fresh}} THEN EXCLUDED.nsfw ELSE w.nsfw END,
-    extra_slow_worker = CASE WHEN {{fresh}} THEN EXCLUDED.extra_slow_worker ELSE w.extra_slow_worker END,
-    ipaddr = CASE WHEN {{fresh}} THEN EXCLUDED.ipaddr ELSE w.ipaddr END,
-    uptime = w.uptime + CASE
-        WHEN {{fresh}} AND NOT w.paused AND NOT w.maintenance
-             AND w.last_check_in > now() - make_interval(secs => {ONLINE_WORKER_SECONDS})
-        THEN floor(extract(epoch FROM now() - w.last_check_in))::bigint ELSE 0 END,
-    last_check_in = CASE WHEN {{fresh}} THEN now() ELSE w.last_check_in END
+    bridge_agent = CASE WHEN {fresh} THEN EXCLUDED.bridge_agent ELSE w.bridge_agent END,
+    threads = CASE WHEN {fresh} THEN EXCLUDED.threads ELSE w.threads END,
+    max_length = CASE WHEN {fresh} THEN EXCLUDED.max_length ELSE w.max_length END,
+    max_context_length = CASE WHEN {fresh} THEN EXCLUDED.max_context_length ELSE w.max_context_length END,
+    models = CASE WHEN {fresh} THEN EXCLUDED.models ELSE w.models END,
+    softprompts = CASE WHEN {fresh} THEN EXCLUDED.softprompts ELSE w.softprompts END,
+    nsfw = CASE WHEN {fresh} THEN EXCLUDED.nsfw ELSE w.nsfw END,
+    extra_slow_worker = CASE WHEN {fresh} THEN EXCLUDED.extra_slow_worker ELSE w.extra_slow_worker END,
+    ipaddr = CASE WHEN {fresh} THEN EXCLUDED.ipaddr ELSE w.ipaddr END,
+    uptime = w.uptime + CASE WHEN {fresh} AND {accruing} THEN {elapsed} ELSE 0 END,
+    last_reward_uptime = CASE
+        WHEN NOT {fresh} THEN w.last_reward_uptime
+        WHEN NOT {accruing} THEN w.uptime
+        WHEN {due} THEN w.uptime + {elapsed}
+        ELSE w.last_reward_uptime END,
+    kudos = w.kudos + CASE WHEN {pays} THEN $20::float8 ELSE 0 END,
+    uptime_kudos = w.uptime_kudos + CASE WHEN {pays} THEN $20::float8 ELSE 0 END,
+    last_uptime_reward = CASE WHEN {pays} THEN now() ELSE w.last_uptime_reward END,
+    last_check_in = CASE WHEN {fresh} THEN now() ELSE w.last_check_in END
 WHERE w.user_id = EXCLUDED.user_id
 RETURNING w.id, w.user_id, w.name, (w.xmax = 0) AS created_now, w.threads, w.max_length, w.max_context_length,
-          w.speed, w.maintenance, w.maintenance_msg, w.paused, w.bridge_agent
+          w.speed, w.maintenance, w.maintenance_msg, w.paused, w.bridge_agent,
+          CASE WHEN w.last_uptime_reward = now() THEN $20::float8 ELSE 0 END AS uptime_reward
+), paid AS (
+    UPDATE users u
+       SET kudos = u.kudos + CASE WHEN u.trusted OR u.id = 0 THEN c.uptime_reward ELSE 0 END,
+           evaluating_kudos = u.evaluating_kudos + CASE WHEN u.trusted OR u.id = 0 THEN 0 ELSE c.uptime_reward END
+      FROM c WHERE u.id = c.user_id AND c.uptime_reward > 0
+    RETURNING u.id
+)
+SELECT * FROM c
 """.replace(
-    "{fresh}",
-    f"(w.last_check_in <= now() - make_interval(secs => {CHECK_IN_WINDOW_SECONDS}) "
-    f"OR w.created > now() - make_interval(secs => {CHECK_IN_WINDOW_SECONDS}))",
+        "{pays}",
+        "({fresh} AND {accruing} AND {due})",
+    )
+    .replace(
+        "{fresh}",
+        f"(w.last_check_in <= now() - make_interval(secs => {CHECK_IN_WINDOW_SECONDS}) "
+        f"OR w.created > now() - make_interval(secs => {CHECK_IN_WINDOW_SECONDS}))",
+    )
+    .replace(
+        "{accruing}",
+        "(NOT w.paused AND NOT w.maintenance "
+        f"AND w.last_check_in > now() - make_interval(secs => {ONLINE_WORKER_SECONDS}))",
+    )
+    .replace(
+        "{due}",
+        "(w.uptime + {elapsed} - w.last_reward_uptime > $21::bigint)",
+    )
+    .replace(
+        "{elapsed}",
+        "floor(extract(epoch FROM now() - w.last_check_in))::bigint",
+    )
 )
 
 
@@ -201,8 +226,26 @@ def creation_refusal(trusted: bool, worker_invited: int, workers: int, same_ip: 
     return None
 
 
-async def check_in(conn: Conn, owner_id: int, pop: PopBody, ipaddr: str | None) -> WorkerRow:
-    """Create the worker on its first pop or check it in, storing the chat declaration.
+@dataclass(frozen=True, slots=True)
+class UptimeRule:
+    """What the uptime reward reads besides the pop: the text model reference (the first model's size) and
+    the interval in seconds of uptime (HORDE_WORKER_UPTIME_REWARD_SECONDS; docs/native-api.md#uptime-kudos)."""
+
+    reference: TextModelReference = field(default_factory=TextModelReference)
+    seconds: int = UPTIME_REWARD_SECONDS
+
+    def reward(self, pop: PopBody) -> float:
+        """The kudos an interval earns the worker as this pop declares it (its stored values whenever the
+        check-in accrues uptime, which happens only outside the 30 s window, where the pop rewrites them)."""
+        return uptime_reward(pop.models, pop.text.max_context_length, pop.text.bridge_agent, self.reference)
+
+
+async def check_in(
+    conn: Conn, owner_id: int, pop: PopBody, ipaddr: str | None, uptime: UptimeRule | None = None
+) -> WorkerRow:
+    """Create the worker on its first pop or check it in, storing the chat declaration, accruing its uptime
+    and paying the uptime reward when one is due (``uptime``: the reward's rule; None, upstream's interval and
+    an empty model reference).
 
     A name nobody uses yet is a new worker: the creation limits above are checked first (403 TooManyWorkers,
     TooManyWorkersTrusted, TooManySameIPs), under a per-owner transaction lock. Raises 403 WrongCredentials
@@ -210,13 +253,20 @@ async def check_in(conn: Conn, owner_id: int, pop: PopBody, ipaddr: str | None) 
     """
     if isinstance(conn, asyncpg.Pool):
         async with conn.acquire() as acquired:
-            return await check_in(acquired, owner_id, pop, ipaddr)
+            return await check_in(acquired, owner_id, pop, ipaddr, uptime)
     ipaddr = client_ip(ipaddr)
-    known = await _upsert(conn, owner_id, pop, ipaddr, _CHECK_IN_KNOWN, refuse=False)
+    rule = uptime or UptimeRule()
+    reward = (rule.reward(pop), rule.seconds)
+    known = await _upsert(conn, owner_id, pop, ipaddr, reward, _CHECK_IN_KNOWN, refuse=False)
     if known is not None:
+        if known.uptime_reward:
+            log.info(
+                "uptime reward",
+                extra={"worker_id": str(known.id), "kudos": known.uptime_reward, "seconds": rule.seconds},
+            )
         return known
     if await conn.fetchval("SELECT 1 FROM workers WHERE name = $1", pop.text.name) is not None:
-        return await _upsert(conn, owner_id, pop, ipaddr)
+        return await _upsert(conn, owner_id, pop, ipaddr, reward)
     address = counted_address(ipaddr)
     async with conn.transaction():
         # The owner's lock, then the address's: every creation takes them in this order.
@@ -233,26 +283,37 @@ async def check_in(conn: Conn, owner_id: int, pop: PopBody, ipaddr: str | None) 
             )
             if refusal is not None:
                 raise refusal
-        return await _upsert(conn, owner_id, pop, ipaddr)
+        return await _upsert(conn, owner_id, pop, ipaddr, reward)
 
 
-@overload
-async def _upsert(conn: Conn, owner_id: int, pop: PopBody, ipaddr: str | None) -> WorkerRow: ...
 @overload
 async def _upsert(
-    conn: Conn, owner_id: int, pop: PopBody, ipaddr: str | None, statement: str, *, refuse: bool
+    conn: Conn, owner_id: int, pop: PopBody, ipaddr: str | None, reward: tuple[float, int]
+) -> WorkerRow: ...
+@overload
+async def _upsert(
+    conn: Conn,
+    owner_id: int,
+    pop: PopBody,
+    ipaddr: str | None,
+    reward: tuple[float, int],
+    statement: str,
+    *,
+    refuse: bool,
 ) -> WorkerRow | None: ...
 async def _upsert(
     conn: Conn,
     owner_id: int,
     pop: PopBody,
     ipaddr: str | None,
+    reward: tuple[float, int],
     statement: str = _CHECK_IN,
     *,
     refuse: bool = True,
 ) -> WorkerRow | None:
-    """The check-in statement: create the worker or check it in (the name's owner only). No row is 403
-    WrongCredentials, or None when not ``refuse``."""
+    """The check-in statement: create the worker or check it in (the name's owner only). ``reward`` is the
+    uptime reward's ``(kudos, interval seconds)``. No row is 403 WrongCredentials, or None when not
+    ``refuse``."""
     text = pop.text
     d: ChatDeclaration = pop.declaration
     row = await conn.fetchrow(
@@ -276,6 +337,7 @@ async def _upsert(
         d.chat_model_id,
         list(d.image_transports) if d.accepts_chat_jobs else None,
         d.chat_tools_max_temperature,
+        *reward,
     )
     if row is None:
         if not refuse:
@@ -288,7 +350,8 @@ async def _upsert(
 
 _DETAILS_COLUMNS = f"""
     w.id, w.name, w.info, w.created, w.last_check_in, w.bridge_agent, w.threads, w.max_length,
-    w.max_context_length, w.speed, w.kudos, w.contributions, w.fulfilments, w.uncompleted_jobs, w.uptime,
+    w.max_context_length, w.speed, w.kudos, w.uptime_kudos, w.contributions, w.fulfilments, w.uncompleted_jobs,
+    w.uptime,
     w.paused, w.maintenance, w.maintenance_msg, w.nsfw, w.models, w.accepts_chat_jobs, w.accepts_prompt_jobs,
     w.chat_features, w.chat_max_context_length, w.chat_max_length, w.chat_model_id, w.image_transports,
     w.chat_tools_max_temperature, w.nonconformant_replies, u.trusted, u.flagged,
@@ -314,7 +377,11 @@ def worker_details(row: asyncpg.Record | dict[str, Any]) -> dict[str, Any]:
         "online": bool(row["online"]),
         "requests_fulfilled": int(row["fulfilments"]),
         "kudos_rewards": round(float(row["kudos"] or 0), 2),
-        "kudos_details": {"generated": round(float(row["kudos"] or 0), 2), "uptime": 0},
+        # workers.kudos holds both; uptime_kudos is the uptime part (docs/native-api.md#uptime-kudos).
+        "kudos_details": {
+            "generated": round(float(row["kudos"] or 0) - float(row["uptime_kudos"] or 0), 2),
+            "uptime": round(float(row["uptime_kudos"] or 0), 2),
+        },
         "performance": f"{round(speed, 1)} tokens per second" if speed else "No requests fulfilled yet",
         "threads": int(row["threads"]),
         "uptime": int(row["uptime"]),
@@ -351,7 +418,9 @@ def worker_details(row: asyncpg.Record | dict[str, Any]) -> dict[str, Any]:
 
 
 async def list_workers(conn: ConnOrPool, name: str | None = None) -> list[dict[str, Any]]:
-    """Details of every online worker (checked in within 300 s), optionally only the one named ``name``."""
+    """Details of every online worker (checked in within 300 s), optionally only those whose name equals
+    ``name`` case-insensitively (upstream's ``name`` query; names themselves are compared exactly, so
+    ``Alpha`` and ``alpha`` may both be listed)."""
     if name is not None and "\x00" in name:
         return []  # PostgreSQL text cannot hold NUL, and no worker name does
     rows = await conn.fetch(
@@ -359,7 +428,7 @@ async def list_workers(conn: ConnOrPool, name: str | None = None) -> list[dict[s
         SELECT {_DETAILS_COLUMNS}
         FROM workers w JOIN users u ON u.id = w.user_id
         WHERE w.last_check_in > now() - make_interval(secs => {ONLINE_WORKER_SECONDS})
-          AND ($1::text IS NULL OR w.name = $1::text)
+          AND ($1::text IS NULL OR lower(w.name) = lower($1::text))
         ORDER BY w.name
         """,
         name,

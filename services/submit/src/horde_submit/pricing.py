@@ -1,7 +1,8 @@
 """The text kudos formula, applied to chat and text generations alike (docs/native-api.md#pricing; docs/native-api.md#submit, #kudos).
 
 Pure functions: :mod:`horde_submit.generations` writes their results. ``charged_tokens`` (``T(x)``: characters
-/ 4 rounded up, at least 20, at most max_length) is the contract's.
+/ 4 rounded up, at least 20, at most max_length) is the contract's, and so are the validated bridges and their
+0.3 factor (:mod:`horde_contract.bridges`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 from horde_contract import charged_tokens
+from horde_contract.bridges import UNVALIDATED_BRIDGE_FACTOR, is_validated_bridge
 
 __all__ = [
     "PricingInputs",
@@ -22,21 +24,8 @@ __all__ = [
     "speed_sample",
 ]
 
-#: The bridge names whose text generations earn the full rate (docs/native-api.md#workers, ``horde/bridge_reference.py``).
-VALIDATED_TEXT_BACKENDS: frozenset[str] = frozenset(
-    {
-        "AI Horde Worker",
-        "AI Horde Worker~aphrodite~oai",
-        "AI Horde Worker~aphrodite~kai",
-        "KoboldCppEmbedWorker",
-        "TabbyAPI",
-    }
-)
-
 #: The fewest tokens a generation is charged (docs/native-api.md#submit, ``T(x)``).
 MIN_CHARGED_TOKENS = 20
-#: Multiplier of an unvalidated bridge on a known model (docs/native-api.md#submit).
-UNVALIDATED_BRIDGE_FACTOR = 0.3
 #: Per-token rate a trusted owner earns on an unknown model: the 2.7B rate (docs/native-api.md#submit, #kudos).
 UNKNOWN_MODEL_TRUSTED_RATE = 0.027
 #: The extra burn the requester pays on top of each generation's kudos (docs/native-api.md#kudos).
@@ -53,13 +42,6 @@ def context_multiplier(prompt_characters: int, max_context_length: int) -> float
     tokens = charged_tokens(prompt_characters, max(max_context_length, MIN_CHARGED_TOKENS))
     value: float = 1.2 + 2.2 ** math.log2(tokens / 1024)
     return min(max(value, 0.1), 30.0)
-
-
-def is_validated_bridge(bridge_agent: str | None) -> bool:
-    """True when the bridge name (``bridge_agent`` up to its first ``:``) is a validated text backend."""
-    if not bridge_agent:
-        return False
-    return bridge_agent.split(":", 1)[0] in VALIDATED_TEXT_BACKENDS
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#horde/dispatch/v1/worker_pool.proto\x12\x11horde.dispatch.v1\"\xd7\x02\n\x16GetAvailabilityRequest\x12\x0e\n\x06models\x18\x01 \x03(\t\x12\x19\n\x11required_features\x18\x02 \x03(\t\x12\x12\n\nmax_length\x18\x03 \x01(\x05\x12\x1a\n\x12max_context_length\x18\x04 \x01(\x05\x12\x1e\n\x11tools_temperature\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\nhas_images\x18\x06 \x01(\x08\x12\x17\n\x0fonly_worker_ids\x18\x07 \x03(\t\x12\x19\n\x11ignore_worker_ids\x18\x08 \x03(\t\x12\x17\n\x0ftrusted_workers\x18\t \x01(\x08\x12\x1a\n\x12validated_backends\x18\n \x01(\x08\x12\x14\n\x0cslow_workers\x18\x0b \x01(\x08\x12\x19\n\x11requester_user_id\x18\x0c \x01(\x03\x42\x14\n\x12_tools_temperature\"\x8e\x02\n\x17GetAvailabilityResponse\x12\x17\n\x0fserving_workers\x18\x01 \x01(\x05\x12\x1f\n\x17max_chat_context_length\x18\x02 \x01(\x05\x12\x17\n\x0fmax_chat_length\x18\x03 \x01(\x05\x12\x18\n\x10\x65ligible_workers\x18\x04 \x01(\x05\x12\x18\n\x10\x65ligible_threads\x18\x05 \x01(\x05\x12\x19\n\x11tokens_per_second\x18\x06 \x01(\x01\x12:\n\x0f\x64\x65\x63laration_gap\x18\x07 \x01(\x0b\x32!.horde.dispatch.v1.DeclarationGap\x12\x15\n\rknown_workers\x18\x08 \x01(\x05\"G\n\x0e\x44\x65\x63larationGap\x12\x1c\n\x14missing_declarations\x18\x01 \x03(\t\x12\x17\n\x0f\x65xceeded_limits\x18\x02 \x03(\t2}\n\x11WorkerPoolService\x12h\n\x0fGetAvailability\x12).horde.dispatch.v1.GetAvailabilityRequest\x1a*.horde.dispatch.v1.GetAvailabilityResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#horde/dispatch/v1/worker_pool.proto\x12\x11horde.dispatch.v1\"\xec\x02\n\x16GetAvailabilityRequest\x12\x0e\n\x06models\x18\x01 \x03(\t\x12\x19\n\x11required_features\x18\x02 \x03(\t\x12\x12\n\nmax_length\x18\x03 \x01(\x05\x12\x1a\n\x12max_context_length\x18\x04 \x01(\x05\x12\x1e\n\x11tools_temperature\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\nhas_images\x18\x06 \x01(\x08\x12\x17\n\x0fonly_worker_ids\x18\x07 \x03(\t\x12\x19\n\x11ignore_worker_ids\x18\x08 \x03(\t\x12\x17\n\x0ftrusted_workers\x18\t \x01(\x08\x12\x1a\n\x12validated_backends\x18\n \x01(\x08\x12\x14\n\x0cslow_workers\x18\x0b \x01(\x08\x12\x19\n\x11requester_user_id\x18\x0c \x01(\x03\x12\x13\n\x0bprompt_jobs\x18\r \x01(\x08\x42\x14\n\x12_tools_temperature\"\xab\x02\n\x17GetAvailabilityResponse\x12\x17\n\x0fserving_workers\x18\x01 \x01(\x05\x12\x1f\n\x17max_chat_context_length\x18\x02 \x01(\x05\x12\x17\n\x0fmax_chat_length\x18\x03 \x01(\x05\x12\x18\n\x10\x65ligible_workers\x18\x04 \x01(\x05\x12\x18\n\x10\x65ligible_threads\x18\x05 \x01(\x05\x12\x19\n\x11tokens_per_second\x18\x06 \x01(\x01\x12:\n\x0f\x64\x65\x63laration_gap\x18\x07 \x01(\x0b\x32!.horde.dispatch.v1.DeclarationGap\x12\x15\n\rknown_workers\x18\x08 \x01(\x05\x12\x1b\n\x13\x65ligible_worker_ids\x18\t \x03(\t\"G\n\x0e\x44\x65\x63larationGap\x12\x1c\n\x14missing_declarations\x18\x01 \x03(\t\x12\x17\n\x0f\x65xceeded_limits\x18\x02 \x03(\t2}\n\x11WorkerPoolService\x12h\n\x0fGetAvailability\x12).horde.dispatch.v1.GetAvailabilityRequest\x1a*.horde.dispatch.v1.GetAvailabilityResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,11 +32,11 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'horde.dispatch.v1.worker_po
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GETAVAILABILITYREQUEST']._serialized_start=59
-  _globals['_GETAVAILABILITYREQUEST']._serialized_end=402
-  _globals['_GETAVAILABILITYRESPONSE']._serialized_start=405
-  _globals['_GETAVAILABILITYRESPONSE']._serialized_end=675
-  _globals['_DECLARATIONGAP']._serialized_start=677
-  _globals['_DECLARATIONGAP']._serialized_end=748
-  _globals['_WORKERPOOLSERVICE']._serialized_start=750
-  _globals['_WORKERPOOLSERVICE']._serialized_end=875
+  _globals['_GETAVAILABILITYREQUEST']._serialized_end=423
+  _globals['_GETAVAILABILITYRESPONSE']._serialized_start=426
+  _globals['_GETAVAILABILITYRESPONSE']._serialized_end=725
+  _globals['_DECLARATIONGAP']._serialized_start=727
+  _globals['_DECLARATIONGAP']._serialized_end=798
+  _globals['_WORKERPOOLSERVICE']._serialized_start=800
+  _globals['_WORKERPOOLSERVICE']._serialized_end=925
 # @@protoc_insertion_point(module_scope)

@@ -36,6 +36,7 @@ class GetAvailabilityRequest(_message.Message):
     VALIDATED_BACKENDS_FIELD_NUMBER: _builtins.int
     SLOW_WORKERS_FIELD_NUMBER: _builtins.int
     REQUESTER_USER_ID_FIELD_NUMBER: _builtins.int
+    PROMPT_JOBS_FIELD_NUMBER: _builtins.int
     max_length: _builtins.int
     """Requested output budget in tokens (0: skip the check)."""
     max_context_length: _builtins.int
@@ -52,6 +53,10 @@ class GetAvailabilityRequest(_message.Message):
     """horde.slow_workers (default true on requests)."""
     requester_user_id: _builtins.int
     """The requester's user id, so a worker in maintenance still counts for its owner."""
+    prompt_jobs: _builtins.bool
+    """A legacy text request: the workers that take prompt jobs and list one of the models (any model when
+    models is empty) count, by their text limits, instead of the chat workers by their declaration.
+    """
     @_builtins.property
     def models(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """The request's models; any of them may serve it."""
@@ -83,10 +88,11 @@ class GetAvailabilityRequest(_message.Message):
         validated_backends: _builtins.bool = ...,
         slow_workers: _builtins.bool = ...,
         requester_user_id: _builtins.int = ...,
+        prompt_jobs: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_tools_temperature", b"_tools_temperature", "tools_temperature", b"tools_temperature"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_tools_temperature", b"_tools_temperature", "has_images", b"has_images", "ignore_worker_ids", b"ignore_worker_ids", "max_context_length", b"max_context_length", "max_length", b"max_length", "models", b"models", "only_worker_ids", b"only_worker_ids", "requester_user_id", b"requester_user_id", "required_features", b"required_features", "slow_workers", b"slow_workers", "tools_temperature", b"tools_temperature", "trusted_workers", b"trusted_workers", "validated_backends", b"validated_backends"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_tools_temperature", b"_tools_temperature", "has_images", b"has_images", "ignore_worker_ids", b"ignore_worker_ids", "max_context_length", b"max_context_length", "max_length", b"max_length", "models", b"models", "only_worker_ids", b"only_worker_ids", "prompt_jobs", b"prompt_jobs", "requester_user_id", b"requester_user_id", "required_features", b"required_features", "slow_workers", b"slow_workers", "tools_temperature", b"tools_temperature", "trusted_workers", b"trusted_workers", "validated_backends", b"validated_backends"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__tools_temperature: _TypeAlias = _typing.Literal["tools_temperature"]  # noqa: Y015
     _WhichOneofArgType__tools_temperature: _TypeAlias = _typing.Literal["_tools_temperature", b"_tools_temperature"]  # noqa: Y015
@@ -108,6 +114,7 @@ class GetAvailabilityResponse(_message.Message):
     TOKENS_PER_SECOND_FIELD_NUMBER: _builtins.int
     DECLARATION_GAP_FIELD_NUMBER: _builtins.int
     KNOWN_WORKERS_FIELD_NUMBER: _builtins.int
+    ELIGIBLE_WORKER_IDS_FIELD_NUMBER: _builtins.int
     serving_workers: _builtins.int
     """Online chat workers (checked in within 300 s, not in maintenance) serving any requested model."""
     max_chat_context_length: _builtins.int
@@ -129,6 +136,12 @@ class GetAvailabilityResponse(_message.Message):
     def declaration_gap(self) -> Global___DeclarationGap:
         """Set when no worker is eligible and every serving worker was refused for a declaration."""
 
+    @_builtins.property
+    def eligible_worker_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The eligible workers' ids: the workers whose queue the request joins (docs/native-api.md: Free output
+        allowance, competing requests).
+        """
+
     def __init__(
         self,
         *,
@@ -140,10 +153,11 @@ class GetAvailabilityResponse(_message.Message):
         tokens_per_second: _builtins.float = ...,
         declaration_gap: Global___DeclarationGap | None = ...,
         known_workers: _builtins.int = ...,
+        eligible_worker_ids: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["declaration_gap", b"declaration_gap"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["declaration_gap", b"declaration_gap", "eligible_threads", b"eligible_threads", "eligible_workers", b"eligible_workers", "known_workers", b"known_workers", "max_chat_context_length", b"max_chat_context_length", "max_chat_length", b"max_chat_length", "serving_workers", b"serving_workers", "tokens_per_second", b"tokens_per_second"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["declaration_gap", b"declaration_gap", "eligible_threads", b"eligible_threads", "eligible_worker_ids", b"eligible_worker_ids", "eligible_workers", b"eligible_workers", "known_workers", b"known_workers", "max_chat_context_length", b"max_chat_context_length", "max_chat_length", b"max_chat_length", "serving_workers", b"serving_workers", "tokens_per_second", b"tokens_per_second"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

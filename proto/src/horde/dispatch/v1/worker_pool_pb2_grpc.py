@@ -26,8 +26,9 @@ if _version_not_supported:
 
 
 class WorkerPoolServiceStub:
-    """WorkerPoolService answers questions about the online chat workers: whether a model is served, the
-    largest declared chat limits, and how many threads could take a given request.
+    """WorkerPoolService answers questions about the online workers: whether a model is served, the largest
+    declared chat limits, and how many threads could take a given request (a chat request's chat workers, a
+    legacy text request's text workers).
     """
 
     def __init__(self, channel):
@@ -44,8 +45,9 @@ class WorkerPoolServiceStub:
 
 
 class WorkerPoolServiceServicer:
-    """WorkerPoolService answers questions about the online chat workers: whether a model is served, the
-    largest declared chat limits, and how many threads could take a given request.
+    """WorkerPoolService answers questions about the online workers: whether a model is served, the largest
+    declared chat limits, and how many threads could take a given request (a chat request's chat workers, a
+    legacy text request's text workers).
     """
 
     def GetAvailability(self, request, context):
@@ -75,8 +77,9 @@ def add_WorkerPoolServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class WorkerPoolService:
-    """WorkerPoolService answers questions about the online chat workers: whether a model is served, the
-    largest declared chat limits, and how many threads could take a given request.
+    """WorkerPoolService answers questions about the online workers: whether a model is served, the largest
+    declared chat limits, and how many threads could take a given request (a chat request's chat workers, a
+    legacy text request's text workers).
     """
 
     @staticmethod

@@ -27,8 +27,9 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class WorkerPoolServiceStub:
-    """WorkerPoolService answers questions about the online chat workers: whether a model is served, the
-    largest declared chat limits, and how many threads could take a given request.
+    """WorkerPoolService answers questions about the online workers: whether a model is served, the largest
+    declared chat limits, and how many threads could take a given request (a chat request's chat workers, a
+    legacy text request's text workers).
     """
 
     @_typing.overload
@@ -44,8 +45,9 @@ class WorkerPoolServiceStub:
 
 @_typing.type_check_only
 class WorkerPoolServiceAsyncStub(WorkerPoolServiceStub):
-    """WorkerPoolService answers questions about the online chat workers: whether a model is served, the
-    largest declared chat limits, and how many threads could take a given request.
+    """WorkerPoolService answers questions about the online workers: whether a model is served, the largest
+    declared chat limits, and how many threads could take a given request (a chat request's chat workers, a
+    legacy text request's text workers).
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -57,8 +59,9 @@ class WorkerPoolServiceAsyncStub(WorkerPoolServiceStub):
     """
 
 class WorkerPoolServiceServicer(metaclass=_abc_1.ABCMeta):
-    """WorkerPoolService answers questions about the online chat workers: whether a model is served, the
-    largest declared chat limits, and how many threads could take a given request.
+    """WorkerPoolService answers questions about the online workers: whether a model is served, the largest
+    declared chat limits, and how many threads could take a given request (a chat request's chat workers, a
+    legacy text request's text workers).
     """
 
     @_abc_1.abstractmethod
