@@ -11,6 +11,8 @@ docs/native-api.md#model-reference (``horde/model_reference.py``, the text-model
 - Lookup (``is_known_text_model``, ``get_text_model_multiplier``): a ``::user#id`` suffix is dropped, the name
   is matched exactly, then retried with every quantization suffix (:data:`QUANT_SUFFIX`) removed.
 - The multiplier is ``parameters / 1e9`` for a known model and 1 otherwise.
+- A row with ``"nsfw": true`` marks the model (and its derived names) nsfw: its prompts go through the
+  moderation replacement filter (docs/native-api.md#moderation, :mod:`horde_contract.moderation`).
 """
 
 from __future__ import annotations
@@ -69,6 +71,8 @@ class TextModelReference:
     """Known text models and their parameter counts, by every name the reference answers to."""
 
     parameters: Mapping[str, int] = field(default_factory=dict)
+    #: The names (derived ones included) of the rows marked ``"nsfw": true``.
+    nsfw_names: frozenset[str] = frozenset()
 
     @classmethod
     def from_mapping(cls, db: Mapping[str, Any]) -> TextModelReference:
@@ -77,28 +81,47 @@ class TextModelReference:
         Raises ValueError for an entry that is not an object or lacks positive numeric ``parameters``.
         """
         explicit: dict[str, int] = {}
+        nsfw: dict[str, bool] = {}
         for key, row in db.items():
             if not isinstance(key, str) or not key:
                 raise ValueError(f"text model reference key {key!r} is not a model name")
             explicit[key] = _parameters(key, row)
+            nsfw[key] = row.get("nsfw") is True
         names: dict[str, int] = {}
+        marked: dict[str, bool] = {}
         for key, parameters in explicit.items():
             for derived in _derived_names(key):
                 names.setdefault(derived, parameters)
+                marked.setdefault(derived, nsfw[key])
         names.update(explicit)
-        return cls(parameters=names)
+        marked.update(nsfw)
+        return cls(parameters=names, nsfw_names=frozenset(name for name, on in marked.items() if on))
 
     def __len__(self) -> int:
         return len(self.parameters)
 
-    def _lookup(self, name: str | None) -> int | None:
+    def _key(self, name: str | None) -> str | None:
+        """The reference name ``name`` resolves to (the lookup rules), or None."""
         if not name:
             return None
         base = _base_name(name)
-        found = self.parameters.get(base)
-        if found is None:
-            found = self.parameters.get(QUANT_SUFFIX.sub("", base))
-        return found
+        if base in self.parameters:
+            return base
+        stripped = QUANT_SUFFIX.sub("", base)
+        return stripped if stripped in self.parameters else None
+
+    def _lookup(self, name: str | None) -> int | None:
+        key = self._key(name)
+        return None if key is None else self.parameters[key]
+
+    def is_nsfw(self, name: str | None) -> bool:
+        """True when ``name`` resolves (the lookup rules) to a row marked ``"nsfw": true``."""
+        key = self._key(name)
+        return key is not None and key in self.nsfw_names
+
+    def has_nsfw(self, names: list[str]) -> bool:
+        """True when any of ``names`` is nsfw (:meth:`is_nsfw`; upstream ``has_nsfw_models``)."""
+        return any(self.is_nsfw(name) for name in names)
 
     def is_known(self, name: str | None) -> bool:
         """``is_known_text_model``: True when the reference lists ``name`` (after the lookup rules)."""

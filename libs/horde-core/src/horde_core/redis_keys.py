@@ -21,6 +21,10 @@ CHAT_IMAGE_DELETE_RETRY_KEY = "horde:chat:image_delete_retry"
 AVAILABILITY_CACHE_KEY_PREFIX = "horde:admission:availability:"
 #: ``horde:admission:models:v2:<chat | text>``: the cached answer of a models route.
 MODELS_CACHE_KEY_PREFIX = "horde:admission:models:v2:"
+#: ``horde:admission:ip_timeout:<address>``: an operator's timeout of a client address (``horde-admin
+#: ip-timeout``), on the URL's database; the key's TTL is the timeout's remaining life (docs/operator-guide.md
+#: #operator-controls).
+IP_TIMEOUT_KEY_PREFIX = "horde:admission:ip_timeout:"
 #: ``horde:oai:hub:<token>``: the front's signal hub's own channel, one per process (nobody publishes on it).
 SIGNAL_HUB_CHANNEL_PREFIX = "horde:oai:hub:"
 #: ``horde:oai:relay:<request id>``: who may resume a relayed stream, on the front's stream database.
@@ -50,6 +54,12 @@ def models_cache_key(chat: bool) -> str:
     """``horde:admission:models:v2:chat`` or ``...:text``: the cache key of the computed text model list
     (``chat`` is the only parameter that shapes it)."""
     return f"{MODELS_CACHE_KEY_PREFIX}{'chat' if chat else 'text'}"
+
+
+def ip_timeout_key(address: str) -> str:
+    """``horde:admission:ip_timeout:<address>``: the timeout of one client address (as
+    ``ipaddress.ip_address`` writes it when it parses, so ``::1`` and ``0::1`` are one key)."""
+    return f"{IP_TIMEOUT_KEY_PREFIX}{address}"
 
 
 def signal_hub_channel(token: str) -> str:

@@ -9,17 +9,22 @@
                                   [--name S]
     horde-admin worker set --name NAME [--maintenance/--no-maintenance] [--maintenance-msg S]
                            [--paused/--no-paused]
+    horde-admin modes show
+    horde-admin modes maintenance on|off
+    horde-admin ip-timeout ADDRESS [--minutes N | --clear]
 
 Every command prints one JSON object on stdout. The database is ``--database-url`` or
-``HORDE_DATABASE_URL``; the API-key salt is ``HORDE_SECRET_KEY`` (the dev salt when unset).
-Exit status: 0 success, 1 a refused operation (unknown user, taken username, database error),
-2 bad usage.
+``HORDE_DATABASE_URL``; Redis (IP timeouts, and the completion signals of the requests ``maintenance on``
+aborts) is ``--redis-url`` or ``HORDE_REDIS_URL``; the API-key salt is ``HORDE_SECRET_KEY`` (the dev salt
+when unset). Exit status: 0 success, 1 a refused operation (unknown user, taken username, database or Redis
+error), 2 bad usage. The operator controls are docs/operator-guide.md#operator-controls.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import sys
@@ -27,8 +32,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
+import redis.asyncio as redis
+from horde_core.redis_keys import redis_client, signal_client
 
-from horde_store import users
+from horde_store import modes, users
 from horde_store.db import connect
 from horde_store.migrate import MigrationError, migrate
 
@@ -44,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="PostgreSQL URL (default: $HORDE_DATABASE_URL)",
     )
+    p.add_argument("--redis-url", default=None, help="Redis URL (default: $HORDE_REDIS_URL)")
     sub = p.add_subparsers(dest="command", required=True)
 
     sub.add_parser("migrate", help="apply pending schema migrations (idempotent)")
@@ -79,6 +87,22 @@ def _parser() -> argparse.ArgumentParser:
     wset.add_argument("--maintenance-msg", default=None)
     wset.add_argument("--paused", action=argparse.BooleanOptionalAction, default=None)
 
+    modes = sub.add_parser("modes", help="horde-wide modes").add_subparsers(dest="action", required=True)
+    modes.add_parser("show", help="the modes as stored")
+    maint = modes.add_parser(
+        "maintenance",
+        help="switch maintenance mode: on refuses new requests and aborts queued ones (in-flight jobs finish)",
+    )
+    maint.add_argument("state", choices=("on", "off"))
+
+    ipt = sub.add_parser(
+        "ip-timeout", help="refuse new requests from a client address for a while (403 TimeoutIP)"
+    )
+    ipt.add_argument("address", help="IPv4 or IPv6 address, as the rate limits count it")
+    how = ipt.add_mutually_exclusive_group()
+    how.add_argument("--minutes", type=int, default=None, help="time the address out for N minutes")
+    how.add_argument("--clear", action="store_true", help="lift the address's timeout")
+
     key = sub.add_parser("shared-key", help="shared keys").add_subparsers(dest="action", required=True)
     kc = key.add_parser("create", help="create a shared key for a user and print it")
     kc.add_argument("--username", required=True)
@@ -93,7 +117,12 @@ def _salt() -> str:
     return os.environ.get("HORDE_SECRET_KEY") or users.DEV_SECRET_KEY
 
 
-async def _run(args: argparse.Namespace, dsn: str) -> dict[str, Any]:
+async def _run(args: argparse.Namespace, dsn: str, redis_url: str | None) -> dict[str, Any]:
+    if args.command == "ip-timeout":
+        assert redis_url is not None  # main() refuses the command without one
+        return await _ip_timeout(args, redis_url)
+    if args.command == "modes" and args.action == "maintenance":
+        return await _maintenance(args.state == "on", dsn, redis_url)
     if args.command == "migrate":
         try:
             applied = await migrate(dsn)
@@ -149,6 +178,8 @@ async def _run_on(conn: asyncpg.Connection, args: argparse.Namespace) -> dict[st
             return user.to_json()
         if args.command == "worker" and args.action == "set":
             return await _set_worker(conn, args)
+        if args.command == "modes" and args.action == "show":
+            return dataclasses.asdict(await modes.read_modes(conn))
         if args.command == "shared-key" and args.action == "create":
             shared = await users.create_shared_key(
                 conn, args.username, **_options(args, "kudos", "expiry_days", "max_text_tokens", "name")
@@ -166,7 +197,7 @@ async def _show_user(conn: asyncpg.Connection, username: str) -> dict[str, Any]:
     rows = await conn.fetch(
         """
         SELECT w.id, w.created, w.is_chat, w.kudos, w.consumed_kudos, w.cancelled, w.faulted,
-               (SELECT count(*) FROM processing_gens p WHERE p.wp_id = w.id AND p.faulted = false
+               (SELECT count(*) FROM processing_gens p WHERE p.wp_id = w.id AND p.faulted = false AND NOT p.fake
                   AND p.generation IS NOT NULL) AS finished
         FROM waiting_prompts w
         WHERE w.user_id = $1 AND w.created > now() - interval '24 hours'
@@ -201,15 +232,59 @@ async def _set_worker(conn: asyncpg.Connection, args: argparse.Namespace) -> dic
     return {**dict(row), "id": str(row["id"])}
 
 
+async def _maintenance(on: bool, dsn: str, redis_url: str | None) -> dict[str, Any]:
+    """``modes maintenance on|off`` (:func:`horde_store.modes.set_maintenance`): the switch, the requests it
+    aborted and the completion signals published. Without a Redis URL no signal goes out (said on stderr):
+    waiting clients then learn of the abort on their next status read."""
+    signals = signal_client(redis_url) if redis_url else None
+    if on and signals is None:
+        print("horde-admin: warning: no Redis URL; aborted requests are not signalled", file=sys.stderr)
+    conn = await connect(dsn)
+    try:
+        try:
+            change = await modes.set_maintenance(conn, on, signals)
+        except asyncpg.UndefinedTableError as exc:
+            raise AdminError(f"{exc} (run `horde-admin migrate` first)") from exc
+    finally:
+        await conn.close()
+        if signals is not None:
+            await signals.aclose()
+    return change.to_json()
+
+
+async def _ip_timeout(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
+    """``ip-timeout ADDRESS [--minutes N | --clear]``: set, lift or show (no option) an address's timeout."""
+    client = redis_client(redis_url)
+    try:
+        if args.minutes is not None:
+            address = await modes.set_ip_timeout(client, args.address, args.minutes * 60)
+            return {"address": address, "seconds": args.minutes * 60}
+        if args.clear:
+            cleared = await modes.clear_ip_timeout(client, args.address)
+            return {"address": modes.normalize_address(args.address), "cleared": cleared}
+        address = modes.normalize_address(args.address)
+        return {"address": address, "seconds": await modes.ip_timeout_seconds(client, address)}
+    except ValueError as exc:
+        raise AdminError(str(exc)) from exc
+    except redis.RedisError as exc:
+        raise AdminError(f"redis: {exc}") from exc
+    finally:
+        await client.aclose()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``horde-admin``; returns the exit status (see the module docstring)."""
     parser = _parser()
     args = parser.parse_args(argv)
-    dsn = args.database_url or os.environ.get("HORDE_DATABASE_URL")
-    if not dsn:
+    dsn = args.database_url or os.environ.get("HORDE_DATABASE_URL") or ""
+    redis_url = args.redis_url or os.environ.get("HORDE_REDIS_URL") or None
+    if args.command == "ip-timeout":
+        if not redis_url:
+            parser.error("no Redis: pass --redis-url or set HORDE_REDIS_URL")
+    elif not dsn:
         parser.error("no database: pass --database-url or set HORDE_DATABASE_URL")
     try:
-        result = asyncio.run(_run(args, dsn))
+        result = asyncio.run(_run(args, dsn, redis_url))
     except AdminError as exc:
         print(f"horde-admin: error: {exc}", file=sys.stderr)
         return 1

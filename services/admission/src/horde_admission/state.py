@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from fastapi import Request
+
+from horde_admission.operator_controls import OperatorControls
 
 if TYPE_CHECKING:
     import asyncpg
@@ -43,6 +45,8 @@ class AdmissionState:
     availability_memo: AvailabilityMemo
     #: Each request's queue position and the work ahead, for its status reads (HORDE_STATUS_QUEUE_MEMO_SECONDS).
     queue_ahead_memo: QueueAheadMemo
+    #: Maintenance mode's cached read and the moderation filter (docs/native-api.md#operator-controls).
+    operator_controls: OperatorControls = field(default_factory=OperatorControls)
 
 
 def get_state(request: Request) -> AdmissionState:

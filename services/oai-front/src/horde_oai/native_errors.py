@@ -16,6 +16,7 @@ from horde_contract import (
     declaration_gap_sentence,
 )
 from horde_contract.errors import RC
+from horde_contract.operator_controls import MAINTENANCE_MODE_MESSAGE, MAINTENANCE_RETRY_AFTER_SECONDS
 
 from horde_oai.errors import OpenAIError, bad_request, no_eligible_worker
 
@@ -163,6 +164,20 @@ def _retry_later(message: str) -> str:
     return message if message.endswith("Retry later.") else f"{message} Retry later."
 
 
+def maintenance_error(message: str, headers: Mapping[str, str] | None) -> OpenAIError:
+    """503 MaintenanceMode for the native 400 (docs/openai-front.md#errors): an OpenAI client reads a
+    service that is down for maintenance as 503, with the native ``Retry-After`` (else
+    MAINTENANCE_RETRY_AFTER_SECONDS) and ``x-should-retry: false``, since maintenance outlasts an SDK's
+    automatic retries."""
+    retry_after = native_retry_after(headers) or {"Retry-After": str(MAINTENANCE_RETRY_AFTER_SECONDS)}
+    return OpenAIError(
+        503,
+        message or MAINTENANCE_MODE_MESSAGE,
+        RC.MaintenanceMode,
+        headers={**retry_after, "x-should-retry": "false"},
+    )
+
+
 def native_retry_after(headers: Mapping[str, str] | None) -> dict[str, str]:
     """``{"Retry-After": value}`` when the native answer carried one (any header case), else ``{}``."""
     for name, value in (headers or {}).items():
@@ -186,8 +201,9 @@ def map_native_error(
     gap's 404/400 when the body has impossible_reason; ChatKudosCapExceeded → max_kudos_exceeded; a 400 without rc (payload
     validation) → BadRequest with the first failing field as param; a 429 without rc → rate_limit_exceeded; a
     5xx → 502 HordeUnavailable (503 statuses with an rc keep it). 404 UnknownChatModel keeps OpenAI's type for an
-    unknown model (invalid_request_error) and the entry's path as param. The native ``Retry-After`` of a 429 or
-    a 503 (with or without rc) reaches the client.
+    unknown model (invalid_request_error) and the entry's path as param; 400 MaintenanceMode → 503
+    (:func:`maintenance_error`). The native ``Retry-After`` of a 429 or a 503 (with or without rc) reaches the
+    client.
     """
     data = body if isinstance(body, Mapping) else {}
     message = str(data.get("message") or "")
@@ -209,6 +225,8 @@ def map_native_error(
         return no_eligible_worker(_retry_later(message), stage="submit")
     if rc == RC.ChatKudosCapExceeded:
         return kudos_cap_error(message, rc)
+    if rc == RC.MaintenanceMode:
+        return maintenance_error(message, headers)
     if status == 400 and rc is None:
         return bad_request(message or "Input payload validation failed", _validation_param(data))
     retry_after = native_retry_after(headers) if status in (429, 503) else {}
