@@ -56,6 +56,17 @@ def test_build_declaration_fields() -> None:
     }
 
 
+def test_messages_url_is_added_to_the_backends_transports() -> None:
+    """The worker fetches offloaded messages itself (HORDE_WORKER_MESSAGES_URL), whatever the backend."""
+    caps = Capabilities(image_transports=("url",))
+    kwargs = {"model_id": "m", "prompt_jobs": False, "max_context_length": 2048, "max_length": 256}
+    assert build_declaration(caps, messages_url=True, **kwargs)["image_transports"] == ["url", "messages_url"]
+    assert build_declaration(Capabilities(), messages_url=True, **kwargs)["image_transports"] == [
+        "messages_url"
+    ]
+    assert build_declaration(caps, **kwargs)["image_transports"] == ["url"]
+
+
 async def test_scripted_declares_everything_but_vision() -> None:
     caps = await ScriptedBackend().start()
     assert set(caps.features) == set(CHAT_FEATURE_VALUES) - {"vision"}

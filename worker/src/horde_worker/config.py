@@ -117,6 +117,11 @@ class WorkerSettings(BaseSettings):
     shutdown_grace: float = Field(
         30.0, ge=0, description="Seconds a held job may still finish after SIGTERM before it is faulted"
     )
+    messages_url: bool = Field(
+        False,
+        description="Declare the messages_url transport: offloaded messages arrive as a URL the worker fetches "
+        "(plain or gzip, 36 MiB cap) instead of inline",
+    )
     log_level: str = Field("INFO", description="Logging level")
 
     @field_validator("models", "features", "disable_features", mode="before")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from horde_contract.vocab import CHAT_FEATURE_VALUES, CHAT_GUARANTEE_VALUES
+from horde_contract.vocab import CHAT_FEATURE_VALUES, CHAT_GUARANTEE_VALUES, ChatImageTransport
 
 
 @dataclass
@@ -72,17 +72,23 @@ def build_declaration(
     max_length: int,
     only_features: list[str] | None = None,
     disabled_features: list[str] | None = None,
+    messages_url: bool = False,
 ) -> dict[str, Any]:
     """The six declaration fields of a pop body.
 
     Returns ``{chat_jobs: true, prompt_jobs, chat_features, chat_limits, model_id, image_transports}``;
-    ``model_id`` must be one of the pop's ``models`` (the caller puts it there).
+    ``model_id`` must be one of the pop's ``models`` (the caller puts it there). ``messages_url`` adds that
+    transport to the backend's: the worker itself fetches offloaded messages (docs/native-api.md#messages-offload),
+    whatever the backend.
     """
+    transports = list(caps.image_transports)
+    if messages_url and ChatImageTransport.messages_url.value not in transports:
+        transports.append(ChatImageTransport.messages_url.value)
     return {
         "chat_jobs": True,
         "prompt_jobs": prompt_jobs,
         "chat_features": chat_features(caps, only_features, disabled_features),
         "chat_limits": chat_limits(caps, max_context_length, max_length),
         "model_id": model_id,
-        "image_transports": list(caps.image_transports),
+        "image_transports": transports,
     }

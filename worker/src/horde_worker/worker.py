@@ -176,6 +176,7 @@ class Worker:
             max_length=self.settings.max_length,
             only_features=self.settings.features or None,
             disabled_features=self.settings.disable_features or None,
+            messages_url=self.settings.messages_url,
         )
         log.info("declaration: %s", json.dumps(self.declaration, sort_keys=True))
 

@@ -14,7 +14,7 @@ from horde_contract.errors import HordeError
 from horde_core import queue_announce
 from horde_core.metrics import size_bucket
 
-from horde_admission import kudos, store
+from horde_admission import kudos, offload, store
 from horde_admission.auth import Requester
 from horde_admission.availability import Availability
 from horde_admission.settings import AdmissionSettings
@@ -36,12 +36,14 @@ async def free_allowance(
     requester: Requester,
     chat: bool,
 ) -> int:
-    """The request's free output allowance from its estimated wait on the eligible workers (spec: Free output
-    allowance); the floor without eligible workers. Competing requests: those sharing a model (simplified)."""
+    """The request's free output allowance from its estimated wait on the eligible workers
+    (docs/native-api.md#free-output-allowance); the floor without eligible workers. Competing requests: the
+    queued ones an eligible worker could take by its models, chat opt-in and length limits
+    (:func:`store.competing_queue`)."""
     wait: float | None = None
     if availability is not None and availability.eligible_threads > 0:
         async with state.pool.acquire() as conn:
-            tokens, jobs = await store.competing_queue(conn, models)
+            tokens, jobs = await store.competing_queue(conn, availability.eligible_worker_ids)
         wait = kudos.estimated_wait_seconds(
             tokens, jobs, availability.eligible_threads, availability.tokens_per_second
         )
@@ -150,6 +152,7 @@ async def create_or_refuse(
     jpegs: list[bytes] | None = None,
     *,
     downgrade: Callable[[], store.NewRequest] | None = None,
+    offloaded: offload.OffloadedMessages | None = None,
 ) -> uuid.UUID:
     """Create the request, count the decision on ``horde.text.free_allowance.decisions`` and announce it;
     both generate routes create their requests here.
@@ -165,7 +168,9 @@ async def create_or_refuse(
 
     With ``jpegs`` the inactive row is written first, the images are stored under its id (a store failure
     deletes the row: 503 ChatImageStorageUnavailable), then the request is activated; a failed activation
-    deletes the row and the images. Raises :class:`store.OperationKeyRace` for a lost operation key race.
+    deletes the row and the images. ``offloaded`` (the messages object, docs/native-api.md#messages-offload) is
+    stored the same way, after the images; a failure to store either deletes the row and every object already
+    stored. Raises :class:`store.OperationKeyRace` for a lost operation key race.
 
     After the commit the new request is announced to the waiting pops (:func:`announce_request`); a dry run
     or an operation key's replay never gets here, so it announces nothing.
@@ -173,7 +178,7 @@ async def create_or_refuse(
     new = _with_shared_key_amount(state, new)
     outcome = "funded" if funding.hold > 0 else "free"
     try:
-        request_id = await _create(state, new, funding.hold, jpegs)
+        request_id = await _create(state, new, funding.hold, jpegs, offloaded)
     except store.HoldRefused as refused:
         if downgrade is None or isinstance(refused, store.SharedKeyHoldRefused):
             raise funding.refusal(refused) from None
@@ -189,10 +194,14 @@ async def create_or_refuse(
 
 
 async def _create(
-    state: AdmissionState, new: store.NewRequest, hold: float, jpegs: list[bytes] | None
+    state: AdmissionState,
+    new: store.NewRequest,
+    hold: float,
+    jpegs: list[bytes] | None,
+    offloaded: offload.OffloadedMessages | None = None,
 ) -> uuid.UUID:
-    if jpegs:
-        return await _create_with_images(state, new, hold, jpegs)
+    if jpegs or offloaded is not None:
+        return await _create_with_images(state, new, hold, jpegs or [], offloaded)
     async with state.pool.acquire() as conn:
         return await store.create_request(conn, new, hold)
 
@@ -216,16 +225,28 @@ async def announce_request(state: AdmissionState, request_id: uuid.UUID, new: st
 
 
 async def _create_with_images(
-    state: AdmissionState, new: store.NewRequest, hold: float, jpegs: list[bytes]
+    state: AdmissionState,
+    new: store.NewRequest,
+    hold: float,
+    jpegs: list[bytes],
+    offloaded: offload.OffloadedMessages | None = None,
 ) -> uuid.UUID:
     async with state.pool.acquire() as conn:
         request_id = await store.create_request(conn, new, 0.0, active=False)
+    messages = offload.messages_store(state.images, state.settings) if offloaded is not None else None
+    keys: list[str] = []
     try:
         keys = await state.images.put_all(request_id, jpegs)
+        if messages is not None and offloaded is not None:
+            await messages.put(offloaded)
     except Exception:
-        log.warning("chat image store failed", extra={"request_id": str(request_id)}, exc_info=True)
+        log.warning("chat object store failed", extra={"request_id": str(request_id)}, exc_info=True)
         async with state.pool.acquire() as conn:
             await store.delete_request(conn, request_id)
+        # put_all deleted its own keys when it failed; keys is set only once every image stored.
+        await state.images.delete(keys)
+        if messages is not None and offloaded is not None:
+            await messages.delete(offloaded.key)
         raise contract.chat_image_storage_unavailable_error() from None
     try:
         async with state.pool.acquire() as conn:
@@ -234,5 +255,7 @@ async def _create_with_images(
         async with state.pool.acquire() as conn:
             await store.delete_request(conn, request_id)
         await state.images.delete(keys)
+        if messages is not None and offloaded is not None:
+            await messages.delete(offloaded.key)
         raise
     return request_id

@@ -527,9 +527,11 @@ class ImageStore:
         failed = await asyncio.to_thread(delete_objects, self.client, self.bucket, keys)
         if failed:
             log.warning("chat image delete failed; queued for retry", extra={"keys": failed})
-            await self._queue_retry(failed)
+            await self.queue_retry(failed)
 
-    async def _queue_retry(self, keys: Sequence[str]) -> None:
+    async def queue_retry(self, keys: Sequence[str]) -> None:
+        """Add ``keys`` (images or a messages object: the janitor routes each by its suffix) to the retry set,
+        or log them when the set is full or Redis fails."""
         try:
             if await self.redis.scard(CHAT_IMAGE_DELETE_RETRY_KEY) >= MAX_CHAT_IMAGE_DELETE_RETRY_KEYS:
                 log.error("chat image delete retry set full; keys left stored", extra={"keys": list(keys)})

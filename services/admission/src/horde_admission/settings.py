@@ -6,8 +6,10 @@ the spec gives (docs/native-api.md#rate-limits, #free-output-allowance).
 
 from __future__ import annotations
 
+import horde_contract as contract
+from horde_contract.moderation import ReplacementFilter
 from horde_core.settings import HordeSettings
-from pydantic import Field
+from pydantic import Field, field_validator
 
 #: The text submit route's per-address limits, which the chat limits follow when unset (docs/native-api.md#rate-limits).
 TEXT_REQUEST_2SEC_LIMIT = "2/second"
@@ -55,6 +57,29 @@ class AdmissionSettings(HordeSettings):
 
     # Images: fetch private addresses too (local development and tests only; docs/native-api.md#images).
     image_fetch_allow_private: bool = False
+
+    # Messages offload (docs/native-api.md#messages-offload); the bucket is HordeSettings' s3_messages_bucket
+    # (the spec's R2_CHAT_MESSAGES_BUCKET), which dispatch and the janitor read too.
+    chat_messages_offload_enabled: bool = False
+    #: The largest messages size, bytes, that stays inline: the compact JSON a base64 worker would receive.
+    chat_messages_offload_bytes: int = Field(default=contract.CHAT_MESSAGES_OFFLOAD_BYTES_DEFAULT, ge=0)
+    #: Store the body gzipped (Content-Encoding: gzip) when that is smaller.
+    chat_messages_offload_gzip: bool = False
+
+    # Operator controls (docs/operator-guide.md#operator-controls).
+    #: How long a process reuses its read of the maintenance mode row (0: read on every submission).
+    modes_cache_seconds: float = Field(default=1.0, ge=0)
+    #: The moderation replacement filter's rules, a JSON list of [RE2 pattern, replacement] pairs applied in
+    #: order, case-insensitively; unset: horde_contract.moderation.DEFAULT_REPLACEMENT_RULES.
+    moderation_replacements: list[tuple[str, str]] | None = None
+
+    @field_validator("moderation_replacements")
+    @classmethod
+    def _rules_compile(cls, rules: list[tuple[str, str]] | None) -> list[tuple[str, str]] | None:
+        """A rule RE2 does not take stops the process at start rather than at the first flagged request."""
+        if rules is not None:
+            ReplacementFilter(rules)
+        return rules
 
     # Requests.
     request_ttl_seconds: int = 1200

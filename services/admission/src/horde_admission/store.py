@@ -73,6 +73,9 @@ class NewRequest:
     ttl_seconds: int = 1200
     stream_progress: bool = False
     has_images: bool = False
+    #: The messages are also stored as one object (docs/native-api.md#messages-offload); dispatch then sends
+    #: a worker that declared messages_url a URL in their place.
+    chat_messages_offloaded: bool = False
 
 
 async def find_operation_claim(conn: Conn, user_id: int, operation_key: str) -> asyncpg.Record | None:
@@ -107,21 +110,42 @@ async def count_concurrent(conn: Conn, user_id: int, anonymous: bool, models: li
     return int(value)
 
 
-async def competing_queue(conn: Conn, models: list[str]) -> tuple[int, int]:
-    """Outstanding tokens and generations of the queued requests sharing a model with ``models``.
+#: The queued requests one of the workers $1 could take (docs/native-api.md#free-output-allowance, competing
+#: requests): a chat request by a worker serving one of its models with chat, within its chat limits; a text
+#: request by a worker taking prompt jobs that lists one of its models (any worker for a request without
+#: models), within its text limits. The ``models`` conjunct narrows the queue through ix_waiting_prompts_models
+#: (and the any-model partial index) before the per-row check.
+_COMPETING_QUEUE = """
+WITH ew AS (
+    SELECT w.models, w.accepts_prompt_jobs, w.max_length, w.max_context_length, w.accepts_chat_jobs,
+           w.chat_model_id, w.chat_max_length, w.chat_max_context_length
+    FROM workers w WHERE w.id = ANY($1::uuid[])
+), served AS (
+    SELECT coalesce(array_agg(DISTINCT m), '{}'::text[]) AS models
+    FROM (SELECT unnest(ew.models) AS m FROM ew UNION SELECT ew.chat_model_id FROM ew) names
+    WHERE m IS NOT NULL
+)
+SELECT coalesce(sum(r.max_length * r.n), 0) AS tokens, coalesce(sum(r.n), 0) AS jobs
+FROM waiting_prompts r, served
+WHERE r.active AND NOT r.faulted AND r.n > 0 AND r.expiry > now()
+  AND (r.models && served.models OR cardinality(r.models) = 0)
+  AND EXISTS (
+      SELECT 1 FROM ew WHERE
+          (r.is_chat AND ew.accepts_chat_jobs AND ew.chat_model_id = ANY(r.models)
+           AND r.max_length <= ew.chat_max_length AND r.max_context_length <= ew.chat_max_context_length)
+       OR (NOT r.is_chat AND ew.accepts_prompt_jobs
+           AND (cardinality(r.models) = 0 OR r.models && ew.models)
+           AND r.max_length <= ew.max_length AND r.max_context_length <= ew.max_context_length))
+"""
 
-    Simplified competition: a shared model stands for "an eligible worker could take it" (spec: Free output
-    allowance).
-    """
-    row = await conn.fetchrow(
-        """
-        SELECT coalesce(sum(max_length * n), 0) AS tokens, coalesce(sum(n), 0) AS jobs
-        FROM waiting_prompts
-        WHERE active AND NOT faulted AND n > 0 AND expiry > now()
-          AND (cardinality($1::text[]) = 0 OR cardinality(models) = 0 OR models && $1::text[])
-        """,
-        models,
-    )
+
+async def competing_queue(conn: Conn, worker_ids: list[str]) -> tuple[int, int]:
+    """Outstanding tokens and generations of the queued requests one of the workers ``worker_ids`` (the new
+    request's eligible workers) could take by their models, chat opt-in and length limits (``_COMPETING_QUEUE``;
+    docs/native-api.md#free-output-allowance). ``(0, 0)`` without workers."""
+    if not worker_ids:
+        return 0, 0
+    row = await conn.fetchrow(_COMPETING_QUEUE, worker_ids)
     assert row is not None
     return int(row["tokens"]), int(row["jobs"])
 
@@ -229,14 +253,14 @@ WITH taxed AS (
         extra_priority, consumed_kudos, kudos, messages, submitted_prompt, trusted_workers, validated_backends,
         slow_workers, workers, worker_blacklist, shared_key_id, client_agent, ipaddr, operation_key,
         operation_fingerprint, context_adjustments, chat_extras, chat_required_features, chat_conformance,
-        chat_tools_temperature, max_context_length, stream_progress, has_images
+        chat_tools_temperature, max_context_length, stream_progress, has_images, chat_messages_offloaded
     )
     SELECT $1, $2, $3, $4, $5::jsonb, $6::text[], $7, $8, $8, $34::boolean, false,
            now() + make_interval(secs => $29::float8), now(),
            CASE WHEN $30::boolean THEN (CASE WHEN t.kudos_before > 10 THEN round(t.kudos_before / 1000) ELSE -100 END)
                 ELSE round(t.kudos_before) END,
            $28::float8, $9, $10::jsonb, $11, $12, $13, $14, $15::uuid[], $16, $17::uuid, $18, $19, $20::uuid,
-           $21, $22::jsonb, $23::jsonb, $24::text[], $25, $26, $27, $32, $33
+           $21, $22::jsonb, $23::jsonb, $24::text[], $25, $26, $27, $32, $33, $35::boolean
     FROM taxed t
     RETURNING id
 ), hold AS (
@@ -303,6 +327,7 @@ async def create_request(conn: Conn, req: NewRequest, hold: float, *, active: bo
         req.stream_progress,
         req.has_images,
         active,
+        req.chat_messages_offloaded,
     )
     try:
         if _reserves(req, hold):
