@@ -96,6 +96,31 @@ async def test_upstream_numbers_are_the_defaults() -> None:
     assert found is not None and found[0].name == "pop"
     assert route_limit("POST", "/api/v2/generate/chat/async") is None  # the route counts its own limits
     assert route_limit("GET", "/healthz") is None
+    assert s.modify_request_limit_per_ip == "30/minute"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "name"),
+    [
+        ("PUT", "/api/v2/workers/8ea50d45-d428-430f-8a2f-2658c897d8dd", "modify_worker"),
+        ("GET", "/api/v2/workers/8ea50d45-d428-430f-8a2f-2658c897d8dd", "workers"),
+        ("GET", "/api/v2/find_user", "horde_info"),
+        ("GET", "/api/v2/users/12", "horde_info"),
+        ("GET", "/api/v2/status/heartbeat", "horde_info"),
+        ("GET", "/api/v2/status/performance", "horde_info"),
+        ("GET", "/api/v2/status/modes", "horde_info"),
+        ("GET", "/api/v2/status/news", "horde_info"),
+        ("GET", "/api/v2/stats/text/models", "horde_info"),
+        ("PUT", "/api/v2/workers", None),
+        ("GET", "/api/v2/users", None),
+        ("GET", "/api/v2/status/models", None),
+    ],
+)
+def test_the_horde_read_routes_and_worker_changes_are_limited(
+    method: str, path: str, name: str | None
+) -> None:
+    found = route_limit(method, path)
+    assert (found[0].name if found else None) == name
 
 
 async def test_pop_submit_progress_and_worker_reads_are_limited_per_address(redis_url: str) -> None:

@@ -140,7 +140,13 @@ class Harness:
 
 @pytest.fixture(scope="module")
 def dispatch_settings(horde_settings_env: dict[str, str]) -> DispatchSettings:
-    return settings_from_env(horde_settings_env, dispatch_grpc_port=free_port(), log_json=False)
+    # The tests all call from one address: upstream's 30 worker changes a minute would refuse them.
+    return settings_from_env(
+        horde_settings_env,
+        dispatch_grpc_port=free_port(),
+        log_json=False,
+        modify_request_limit_per_ip="6000/minute",
+    )
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")

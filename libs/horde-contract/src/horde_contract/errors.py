@@ -94,6 +94,13 @@ class RC(StrEnum):
     ChatProgressOutOfSequence = "ChatProgressOutOfSequence"
     ChatProgressCapReached = "ChatProgressCapReached"
     ChatProgressUnavailable = "ChatProgressUnavailable"
+    # User details (GET /v2/users/{id}) and worker changes (PUT /v2/workers/{id}), upstream's codes
+    UserNotFound = "UserNotFound"
+    NotOwner = "NotOwner"
+    NotModerator = "NotModerator"
+    NoWorkerModSelected = "NoWorkerModSelected"
+    WorkerNameAlreadyExists = "WorkerNameAlreadyExists"
+    TeamNotFound = "TeamNotFound"
     # The OpenAI front's own codes (its error envelope's ``code``)
     FrontAtCapacity = "FrontAtCapacity"
     ChatRequestTimeout = "ChatRequestTimeout"

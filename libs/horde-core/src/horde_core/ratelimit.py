@@ -181,6 +181,18 @@ ROUTE_LIMITS: tuple[RouteLimit, ...] = (
     RouteLimit(
         "workers", frozenset({"GET"}), re.compile(r"/v2/workers(?:/.*)?"), "read_request_limit_per_ip"
     ),
+    RouteLimit(
+        "modify_worker", frozenset({"PUT"}), re.compile(r"/v2/workers/[^/]+/?"), "modify_request_limit_per_ip"
+    ),
+    # The horde's own read routes (users, status, stats): upstream's application default.
+    RouteLimit(
+        "horde_info",
+        frozenset({"GET"}),
+        re.compile(
+            r"/v2/(?:find_user|users/[^/]+|status/(?:heartbeat|performance|modes|news)|stats/text/models)/?"
+        ),
+        "read_request_limit_per_ip",
+    ),
 )
 
 

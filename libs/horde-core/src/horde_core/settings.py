@@ -22,6 +22,8 @@ STATUS_REQUEST_LIMIT_PER_IP = "60/minute"
 POP_REQUEST_LIMIT_PER_IP = "60/second"
 SUBMIT_REQUEST_LIMIT_PER_IP = "60/second"
 READ_REQUEST_LIMIT_PER_IP = "90/minute"
+#: PUT /v2/workers/{id} per address (upstream: 30/minute).
+MODIFY_REQUEST_LIMIT_PER_IP = "30/minute"
 
 
 class HordeSettings(BaseSettings):
@@ -71,6 +73,8 @@ class HordeSettings(BaseSettings):
     submit_request_limit_per_ip: str = SUBMIT_REQUEST_LIMIT_PER_IP
     #: Worker look-ups (GET /v2/workers...).
     read_request_limit_per_ip: str = READ_REQUEST_LIMIT_PER_IP
+    #: Worker changes (PUT /v2/workers/{id}).
+    modify_request_limit_per_ip: str = MODIFY_REQUEST_LIMIT_PER_IP
     #: The longest a rate-limit check waits on Redis; past it (or on any store error) the request is let
     #: through: a hung or lost store never takes a route down with it.
     rate_limit_timeout_seconds: float = Field(default=0.5, gt=0)

@@ -14,7 +14,7 @@ from horde_core.grpc import insecure_channel
 from horde_store.model_reference import load_text_model_reference
 from horde_store.stores import open_stores
 
-from horde_admission import chat, models, openapi, text
+from horde_admission import chat, horde_status, models, openapi, text, users
 from horde_admission.availability import AvailabilityMemo
 from horde_admission.images import ImageFetcher, ImageStore
 from horde_admission.ratelimit import RateLimiter
@@ -70,5 +70,7 @@ def create_app(settings: AdmissionSettings | None = None) -> FastAPI:
     include_native(app, chat.router)
     include_native(app, text.router)
     include_native(app, models.router)
+    include_native(app, users.router)
+    include_native(app, horde_status.router)
     openapi.install_openapi(app)
     return app

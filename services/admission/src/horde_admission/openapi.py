@@ -1,6 +1,8 @@
 """Admission's OpenAPI 3.1 document (``/openapi.json``): the chat and text generate routes, their status and
-cancel routes and the model list (docs/native-api.md#routes, #request-body, #tools,
-#refused-keys-and-values; docs/native-api.md#text-route, #status-and-cancel, #model-list).
+cancel routes, the model list and the upstream read routes (users, horde status, text model stats)
+(docs/native-api.md#routes, #request-body, #tools, #refused-keys-and-values; docs/native-api.md#text-route,
+#status-and-cancel, #model-list, #find-user, #user-details, #heartbeat, #horde-performance, #horde-modes, #news,
+#text-model-stats).
 
 The request bodies are read by hand (``horde_contract.parse_chat_request``, :func:`horde_admission.text.
 parse_text_body`), so their schemas are written here from the spec's tables, with the ``horde`` object and the
@@ -373,10 +375,10 @@ CHAT_ASYNC_ERRORS = {
     "400": "BadRequest, UnsupportedChatParameter, ChatRequestConflict, NulByteInPayload, OperationKeyConflict, "
     "TokenOverflow, PromptExceedsContext, ChatKudosCapExceeded, TooManyStopSequences, ExcessiveStopSequence, "
     "TooManyExtraSourceImages, SourceImageSizeExceeded, SourceImageResolutionExceeded, SourceImageUnreadable, "
-    "SourceImageUrlRefused, SourceImageUrlInvalid",
+    "SourceImageUrlRefused, SourceImageUrlInvalid, MaintenanceMode, CorruptPrompt",
     "401": "InvalidAPIKey",
     "403": "NoEligibleWorker, KudosUpfront, SharedKeyInsufficientKudos, SharedKeyExpired, SharedKeyEmpty, "
-    "DeletedUser",
+    "DeletedUser, TimeoutIP",
     "404": "UnknownChatModel, WorkerNotFound",
     "408": "RequestBodyTimeout",
     "413": "RequestTooLarge",
@@ -385,9 +387,9 @@ CHAT_ASYNC_ERRORS = {
 }
 TEXT_ASYNC_ERRORS = {
     "400": "BadRequest, MissingPrompt, NulByteInPayload, InvalidExtraSourceImages., TokenOverflow, "
-    "MissingFullSamplerOrder, TooManyStopSequences, ExcessiveStopSequence",
+    "MissingFullSamplerOrder, TooManyStopSequences, ExcessiveStopSequence, MaintenanceMode, CorruptPrompt",
     "401": "InvalidAPIKey",
-    "403": "KudosUpfront, SharedKeyInsufficientKudos, SharedKeyExpired, SharedKeyEmpty, DeletedUser",
+    "403": "KudosUpfront, SharedKeyInsufficientKudos, SharedKeyExpired, SharedKeyEmpty, DeletedUser, TimeoutIP",
     "404": "WorkerNotFound",
     "408": "RequestBodyTimeout",
     "413": "RequestTooLarge",
@@ -475,12 +477,194 @@ def operations() -> list[NativeOperation]:
                 errors=STATUS_ERRORS,
             )
         )
-    return ops
+    return ops + info_operations()
 
 
 def schemas() -> dict[str, Any]:
     """Every component schema of admission's document."""
-    return {**chat_request_schemas(), **text_request_schemas(), **answer_schemas()}
+    return {**chat_request_schemas(), **text_request_schemas(), **answer_schemas(), **info_schemas()}
+
+
+def info_schemas() -> dict[str, Any]:
+    """The answers of the upstream read routes (users, horde status, text model stats), in upstream's shapes."""
+    number = {"type": "number"}
+    count = {"type": "integer"}
+    flag = {"type": "boolean"}
+    ids = {"type": "array", "items": STRING}
+    amounts = json_object({"image": count, "text": count, "interrogation": count})
+    things = json_object({"megapixelsteps": number, "tokens": count})
+    kudos_keys = ("accumulated", "gifted", "donated", "admin", "received", "recurring", "awarded", "styled")
+    user = json_object(
+        {
+            "username": {"type": "string", "description": "alias#id"},
+            "id": count,
+            "kudos": number,
+            "kudos_details": json_object(dict.fromkeys(kudos_keys, number)),
+            "usage": {"type": "object"},
+            "contributions": {"type": "object"},
+            "records": json_object(
+                {
+                    "usage": things,
+                    "contribution": things,
+                    "fulfillment": amounts,
+                    "request": amounts,
+                    "style": amounts,
+                }
+            ),
+            "concurrency": count,
+            "worker_invited": count,
+            "moderator": flag,
+            "trusted": flag,
+            "flagged": flag,
+            "pseudonymous": flag,
+            "worker_count": count,
+            "account_age": {"type": "integer", "description": "Seconds since the account was created."},
+            "service": flag,
+            "deleted": flag,
+            "education": flag,
+            "customizer": flag,
+            "styles": {"type": "array", "items": {"type": "object"}},
+            "worker_ids": {**ids, "description": "The user's own key or a moderator's only."},
+            "sharedkey_ids": {**ids, "description": "The user's own key or a moderator's only."},
+            "active_generations": json_object({"text": ids}),
+            "vpn": flag,
+            "special": flag,
+            "evaluating_kudos": {**number, "description": "A moderator's key only."},
+            "suspicious": {**count, "description": "A moderator's key only."},
+        },
+        ["username", "id", "kudos"],
+        description="Upstream's UserDetails (docs/native-api.md#user-details): the privileged fields only for the "
+        "user's own key or a moderator's.",
+    )
+    performance = json_object(
+        {
+            name: count
+            for name in (
+                "queued_requests",
+                "queued_text_requests",
+                "worker_count",
+                "text_worker_count",
+                "thread_count",
+                "text_thread_count",
+                "interrogator_count",
+                "interrogator_thread_count",
+            )
+        }
+        | {
+            name: number
+            for name in (
+                "queued_megapixelsteps",
+                "past_minute_megapixelsteps",
+                "queued_forms",
+                "queued_tokens",
+                "past_minute_tokens",
+            )
+        },
+        description="Upstream's HordePerformance: the text numbers from the tables, the image and interrogation "
+        "ones 0 (docs/native-api.md#horde-performance).",
+    )
+    per_model = {"type": "object", "additionalProperties": count}
+    news_piece = json_object(
+        {
+            "date_published": STRING,
+            "newspiece": STRING,
+            "importance": STRING,
+            "tags": ids,
+            "title": STRING,
+            "more_info_urls": ids,
+        }
+    )
+    return {
+        "UserDetails": user,
+        "Heartbeat": json_object({"message": STRING, "version": STRING}, ["message", "version"]),
+        "HordePerformance": performance,
+        "HordeModes": json_object(
+            {"maintenance_mode": flag, "invite_only_mode": flag, "raid_mode": flag},
+            ["maintenance_mode", "invite_only_mode"],
+            description="raid_mode is given to a moderator's key only.",
+        ),
+        "NewsList": {"type": "array", "items": news_piece},
+        "TextModelStats": json_object(
+            {"day": per_model, "month": per_model, "total": per_model},
+            ["day", "month", "total"],
+            description="Completed generations per model (docs/native-api.md#text-model-stats).",
+        ),
+    }
+
+
+OPTIONAL_APIKEY_HEADER = header(
+    "apikey", "Optional: a user's own key or a moderator's adds the privileged fields; an unknown key is 401."
+)
+
+
+def info_operations() -> list[NativeOperation]:
+    """The upstream read routes existing clients and workers poll."""
+
+    def read(path: str, summary: str, description: str, answer: Answer, **kw: Any) -> NativeOperation:
+        return NativeOperation(
+            method="get", path=path, summary=summary, description=description, answers={"200": answer}, **kw
+        )
+
+    user = Answer("The user's details.", "UserDetails")
+    return [
+        read(
+            "/api/v2/find_user",
+            "The user of an API key",
+            "The details of the key's user, its own fields included; a shared key finds its owner's public "
+            "details, the username marked as a shared key's.",
+            user,
+            headers=(header("apikey", "The key whose user to find.", required=True),),
+            errors={"401": "InvalidAPIKey (a missing or unknown key)"},
+        ),
+        read(
+            "/api/v2/users/{user_id}",
+            "A user's details",
+            "Public details; with the user's own key its own fields, with a moderator's key the moderator fields.",
+            user,
+            headers=(OPTIONAL_APIKEY_HEADER,),
+            errors={
+                "401": "InvalidAPIKey (an unknown key)",
+                "404": "UserNotFound (an unknown or non-numeric id)",
+            },
+        ),
+        read(
+            "/api/v2/status/heartbeat",
+            "Whether this horde answers",
+            "OK and the version, while the process serves.",
+            Answer("Alive.", "Heartbeat"),
+            errors={},
+        ),
+        read(
+            "/api/v2/status/performance",
+            "The horde's load",
+            "Queued text jobs and tokens, online text workers and threads, the past minute's tokens; image and "
+            "interrogation numbers are 0.",
+            Answer("The load.", "HordePerformance"),
+            errors={},
+        ),
+        read(
+            "/api/v2/status/modes",
+            "The horde's modes",
+            "Maintenance and invite-only mode; raid mode for a moderator's key.",
+            Answer("The modes.", "HordeModes"),
+            headers=(header("apikey", "Optional: a moderator's key, to see raid_mode."),),
+            errors={"401": "InvalidAPIKey (an unknown key)", "403": "NotModerator (a key not a moderator's)"},
+        ),
+        read(
+            "/api/v2/status/news",
+            "The horde's news",
+            "The news pieces; none are published.",
+            Answer("The news.", "NewsList"),
+            errors={},
+        ),
+        read(
+            "/api/v2/stats/text/models",
+            "Text generations per model",
+            "Completed generations per model in the past day, month and in total, from the stored speed samples.",
+            Answer("The counts.", "TextModelStats"),
+            errors={},
+        ),
+    ]
 
 
 def install_openapi(app: FastAPI) -> None:

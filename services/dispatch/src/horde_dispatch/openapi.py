@@ -1,6 +1,6 @@
-"""Dispatch's OpenAPI 3.1 document (``/openapi.json``): the pop route and the worker details routes (spec:
-docs/native-api.md#chat-declaration, #chat-job-payload, #job-lease, #worker-details;
-docs/native-api.md#pop, #workers).
+"""Dispatch's OpenAPI 3.1 document (``/openapi.json``): the pop route, the worker details routes and the
+worker modify route (spec: docs/native-api.md#chat-declaration, #chat-job-payload, #job-lease, #worker-details,
+#modify-worker; docs/native-api.md#pop, #workers).
 
 The pop body's text fields come from :class:`horde_dispatch.pop_body.TextPopBody`, the model that validates
 them; the six chat declaration fields, read by ``horde_contract.parse_chat_declaration``, are written here
@@ -14,10 +14,18 @@ from typing import Any
 from fastapi import FastAPI
 from horde_contract.limits import MAX_POP_WAIT_SECONDS
 from horde_contract.vocab import KNOWN_CHAT_FEATURES, ChatImageTransport
-from horde_core.openapi import Answer, NativeOperation, install_native_openapi, nullable, pydantic_schema
+from horde_core.openapi import (
+    Answer,
+    NativeOperation,
+    header,
+    install_native_openapi,
+    nullable,
+    pydantic_schema,
+)
 from horde_core.openapi_parts import STRING, json_object, ref, worker_post
 
 from .pop_body import TextPopBody
+from .worker_update import ModifyWorkerBody
 
 DESCRIPTION = (
     "The AI Horde's text worker routes: pop a text or chat job (checking the worker in with its chat "
@@ -96,11 +104,16 @@ def answer_schemas() -> dict[str, Any]:
             "model": STRING,
             "ttl": {"type": "integer"},
             "chat": {"type": "boolean"},
+            "softprompt": {
+                "type": "null",
+                "description": "Always null on a job: soft prompts are not served (older bridges read the key).",
+            },
             "skipped": {"type": "object", "additionalProperties": {"type": "integer"}},
         },
         ["id", "ids", "skipped"],
         description=(
-            "With a job: `{payload, id, ids, model, ttl, skipped: {}}` plus `chat: true` for a chat job, "
+            "With a job: `{payload, id, ids, model, ttl, softprompt: null, skipped: {}}` plus `chat: true` for a "
+            "chat job, "
             "`ttl` being the job lease in seconds. Without one: `{id: null, ids: [], skipped: {reason: "
             "count}}` (after `wait_seconds` when the pop sent it; `skipped` is empty when dispatch shut "
             "down meanwhile)."
@@ -145,7 +158,11 @@ def operations() -> list[NativeOperation]:
         method="get",
         path="/api/v2/workers",
         summary="List the online workers",
-        description="Details of every online worker (checked in within 300 s); type other than text lists none.",
+        description=(
+            "Details of every online worker (checked in within 300 s), as upstream lists active workers only; "
+            "name picks the one of that name, compared case-insensitively (type is then ignored); otherwise "
+            "type other than text lists none."
+        ),
         answers={"200": Answer("The workers.", "WorkerList")},
         errors={"400": "BadRequest (a malformed query parameter)"},
     )
@@ -160,12 +177,62 @@ def operations() -> list[NativeOperation]:
         )
         for key, by in (("name/{worker_name}", "name"), ("{worker_id}", "id"))
     ]
-    return [pop, workers, *details]
+    return [pop, workers, *details, modify_operation()]
 
 
 def schemas() -> dict[str, Any]:
     """Every component schema of dispatch's document."""
-    return {**pop_body_schemas(), **answer_schemas()}
+    return {**pop_body_schemas(), **answer_schemas(), **modify_schemas()}
+
+
+MODIFY_ERRORS = {
+    "400": "BadRequest (a field of the wrong type or length, a name holding colab, tpu or google, a malformed "
+    "body), NoWorkerModSelected (no field set), WorkerNameAlreadyExists, NulByteInPayload",
+    "401": "InvalidAPIKey (a missing or unknown key)",
+    "403": "NotOwner (maintenance or info by someone other than the owner or a moderator), NotModerator (paused "
+    "by anyone but a moderator; name or team by someone other than the owner or a moderator), DeletedUser",
+    "404": "WorkerNotFound, TeamNotFound (any non-empty team: teams are not kept)",
+    "408": "RequestBodyTimeout",
+    "413": "RequestTooLarge (over 64 KiB)",
+}
+
+
+def modify_schemas() -> dict[str, Any]:
+    """``ModifyWorkerInput`` and ``ModifyWorker`` (upstream's names), from the validating model."""
+    body, defs = pydantic_schema(ModifyWorkerBody)
+    body["description"] = (
+        "Upstream's ModifyWorkerInput: each key optional (null is absent), unknown keys ignored. "
+        "maintenance_msg applies when maintenance turns on; team '' leaves the worker without a team."
+    )
+    answer = json_object(
+        {
+            "maintenance": {"type": "boolean"},
+            "paused": {"type": "boolean"},
+            "info": STRING,
+            "name": STRING,
+            "team": {"type": "string", "description": "'None' for a cleared team."},
+        },
+        description="Upstream's ModifyWorker: each field the body set, with its new value.",
+    )
+    return {"ModifyWorkerInput": body, "ModifyWorker": answer, **defs}
+
+
+def modify_operation() -> NativeOperation:
+    """``PUT /api/v2/workers/{worker_id}``."""
+    return NativeOperation(
+        method="put",
+        path="/api/v2/workers/{worker_id}",
+        summary="Change a worker",
+        description=(
+            "The owner or a moderator sets maintenance (with its message), info, name or team; a moderator "
+            "alone sets paused. Every refusal is checked before anything is written; the worker's next pop "
+            "reads the new state."
+        ),
+        body="ModifyWorkerInput",
+        headers=(header("apikey", "The worker owner's or a moderator's API key.", required=True),),
+        answers={"200": Answer("The fields set, with their new values.", "ModifyWorker")},
+        errors=MODIFY_ERRORS,
+    )
 
 
 def install_openapi(app: FastAPI) -> None:

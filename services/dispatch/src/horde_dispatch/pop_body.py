@@ -110,6 +110,15 @@ class PopBody:
         return self.text.bridge_agent.split(":", 1)[0] or "unknown"
 
 
+def worker_name_refusal(name: str) -> HordeError | None:
+    """The 400 BadRequest for a worker name holding colab, tpu or google (any case), or None. The pop's rule
+    for a new name, and the rename's (PUT /v2/workers/{id})."""
+    lowered = name.lower()
+    if any(part in lowered for part in _FORBIDDEN_NAME_PARTS):
+        return HordeError(400, RC.BadRequest, "Worker names cannot contain 'colab', 'tpu' or 'google'.")
+    return None
+
+
 def _priority_user_id(entry: str) -> int:
     """The user id of an ``alias#id`` entry (ASCII digits); 400 InvalidPriorityUsername otherwise."""
     alias, sep, raw_id = entry.rpartition("#")
@@ -163,9 +172,9 @@ def parse_pop_body(raw: Any) -> PopBody:
         raise RequestValidationError(exc.errors()) from None
     if not text.models:
         raise HordeError(400, RC.BadRequest, UNRECOGNISED_MODELS_MESSAGE)
-    lowered = text.name.lower()
-    if any(part in lowered for part in _FORBIDDEN_NAME_PARTS):
-        raise HordeError(400, RC.BadRequest, "Worker names cannot contain 'colab', 'tpu' or 'google'.")
+    name_refusal = worker_name_refusal(text.name)
+    if name_refusal is not None:
+        raise name_refusal
     priority_ids = [_priority_user_id(entry) for entry in text.priority_usernames]
     declaration = parse_chat_declaration(raw)
     for param, value in (
