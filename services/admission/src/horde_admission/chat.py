@@ -6,6 +6,7 @@ See docs/native-api.md#routes (processing order), #known-models, #operation-key,
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from typing import Any
@@ -15,7 +16,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from horde_store.users import AuthenticatedUser
 
-from horde_admission import images, kudos, store
+from horde_admission import images, kudos, offload, store
 from horde_admission.auth import Requester, admit, authenticate, operation_key_owner, resolve_api_key
 from horde_admission.availability import (
     RequestNeeds,
@@ -33,8 +34,9 @@ from horde_admission.checks import (
 )
 from horde_admission.creation import Funding, create_or_refuse, free_allowance, horde_tax, upfront_hold
 from horde_admission.lifecycle import cancel_and_report, read_status_body
+from horde_admission.operator_controls import check_ip_timeout, check_maintenance, moderate_messages
 from horde_admission.sizing import Sized, lower_max_length, size_context
-from horde_admission.state import get_state
+from horde_admission.state import AdmissionState, get_state
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +105,28 @@ def sized_params(
     return contract.validate_chat_text_params(params, length_key=length_key)
 
 
+async def _operation_claim(
+    state: AdmissionState, chat: contract.ChatRequest, apikey: str | None, op_key: str | None
+) -> tuple[AuthenticatedUser | None, str | None, JSONResponse | None]:
+    """The operation key's lookup (docs/native-api.md#operation-key): the key's user, the body's fingerprint and
+    the answer for a repeated key (None when the key is new or absent; all None without a key).
+
+    The claim belongs to the key's user (a shared key's owner), found before the auth step: a retry is
+    answered even when the first submit used up or outlived its shared key. Nothing is created on this path;
+    a submission without a claim is admitted with every refusal."""
+    if not op_key:
+        return None, None, None
+    fingerprint = contract.build_operation_fingerprint(chat)
+    async with state.pool.acquire() as conn:
+        found = await resolve_api_key(conn, apikey, state.settings.secret_key)
+        owner = operation_key_owner(found)
+        if owner is not None:
+            claim = await store.find_operation_claim(conn, owner, op_key)
+            if claim is not None:
+                return found, fingerprint, _repeated(claim, fingerprint)
+    return found, fingerprint, None
+
+
 @router.post("/v2/generate/chat/async")
 async def chat_async(request: Request) -> JSONResponse:
     """Queue a chat request.
@@ -110,9 +134,9 @@ async def chat_async(request: Request) -> JSONResponse:
     Body: the native chat body (docs/native-api.md#request-body); header ``apikey``. 202 ``{id, kudos, message?,
     warnings}``; 200 ``{id, kudos}`` for a repeated operation key; dry run 200 ``{kudos, ...}``.
     Errors in route order: 429 rate limit, 413 RequestTooLarge, 400 contract refusals, 400
-    OperationKeyConflict, 503 ChatAdmissionDisabled, 401 InvalidAPIKey, 429 TooManyPrompts, 404
-    UnknownChatModel, 403 NoEligibleWorker, 400 PromptExceedsContext / TokenOverflow / range errors, 400
-    ChatKudosCapExceeded, 403 KudosUpfront.
+    OperationKeyConflict, 503 ChatAdmissionDisabled, 400 MaintenanceMode, 401 InvalidAPIKey, 429
+    TooManyPrompts, 403 TimeoutIP, 400 CorruptPrompt, 404 UnknownChatModel, 403 NoEligibleWorker, 400
+    PromptExceedsContext / TokenOverflow / range errors, 400 ChatKudosCapExceeded, 403 KudosUpfront.
     """
     state = get_state(request)
     settings = state.settings
@@ -123,24 +147,15 @@ async def chat_async(request: Request) -> JSONResponse:
     apikey = request.headers.get("apikey")
 
     requester: Requester
-    found: AuthenticatedUser | None = None
-    fingerprint: str | None = None
     op_key = horde.operation_key if not horde.dry_run else None
-    if op_key:
-        # The claim belongs to the key's user (a shared key's owner), found before the auth step: a retry
-        # is answered even when the first submit used up or outlived its shared key. Nothing is created on
-        # this path; a submission without a claim is admitted below with every refusal.
-        fingerprint = contract.build_operation_fingerprint(chat)
-        async with state.pool.acquire() as conn:
-            found = await resolve_api_key(conn, apikey, settings.secret_key)
-            owner = operation_key_owner(found)
-            if owner is not None:
-                claim = await store.find_operation_claim(conn, owner, op_key)
-                if claim is not None:
-                    return _repeated(claim, fingerprint)
+    found, fingerprint, repeated = await _operation_claim(state, chat, apikey, op_key)
+    if repeated is not None:
+        return repeated
 
     if not settings.chat_admission_enabled:
         raise contract.chat_admission_disabled_error()
+    controls = state.operator_controls
+    await check_maintenance(controls, state.pool, settings)
     if op_key:
         requester = admit(found)
     else:
@@ -148,6 +163,15 @@ async def chat_async(request: Request) -> JSONResponse:
             requester = await authenticate(conn, apikey, settings.secret_key)
     await check_workers_exist(state, list(horde.only or horde.ignore or []))
     await check_concurrency(state, requester, chat.models)
+    # Countermeasures, then moderation: the replacement filter's rewrite is mirrored onto the messages before
+    # sizing, so truncate_oldest trims the rewritten ones (docs/native-api.md#flattened-prompt).
+    await check_ip_timeout(state.redis, request, settings)
+    submitted_messages = chat.messages
+    moderated = moderate_messages(
+        controls, settings, requester, list(chat.models), state.model_reference, chat.messages
+    )
+    if moderated is not chat.messages:
+        chat = dataclasses.replace(chat, messages=moderated)
 
     # Known models and availability (steps 6-7), before sizing, any row and the tax.
     requested_context = chat.max_context_length or contract.TEXT_DEFAULT_MAX_CONTEXT_LENGTH
@@ -234,12 +258,14 @@ async def chat_async(request: Request) -> JSONResponse:
     request_uuid = uuid.uuid4()
     # The row holds horde-r2:// references, never image bytes or the submitted URL.
     messages = images.reference_images(sized.messages, parts, request_uuid) if parts else sized.messages
+    # Measured as a base64 worker would receive them; stored with the images, before activation.
+    offloaded = await offload.plan(settings, messages, request_uuid, jpegs)
     new = store.NewRequest(
         id=request_uuid,
         user_id=requester.user_id,
         is_chat=True,
         prompt=contract.flatten_messages(messages, chat.tools),
-        submitted_prompt=contract.flatten_messages(chat.messages, chat.tools),
+        submitted_prompt=contract.flatten_messages(submitted_messages, chat.tools),
         params=params,
         models=list(chat.models),
         max_length=sized.max_length,
@@ -267,9 +293,10 @@ async def chat_async(request: Request) -> JSONResponse:
         stream_progress=chat.stream,
         has_images=bool(parts),
         ttl_seconds=settings.request_ttl_seconds,
+        chat_messages_offloaded=offloaded is not None,
     )
     try:
-        request_id = await create_or_refuse(state, new, funding, jpegs)
+        request_id = await create_or_refuse(state, new, funding, jpegs, offloaded=offloaded)
     except store.OperationKeyRace:
         assert op_key is not None and fingerprint is not None
         async with state.pool.acquire() as conn:
