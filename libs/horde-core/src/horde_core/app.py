@@ -21,6 +21,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi_offline import FastAPIOffline
 from horde_contract.errors import RC, HordeError
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -36,6 +37,9 @@ ReadinessCheck = Callable[[], Awaitable[object]]
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 
 READINESS_TIMEOUT_SECONDS = 2.0
+#: Where every process serves the Swagger UI and ReDoc assets its /docs and /redoc pages load (under /docs, so
+#: the one horde URL's /docs route reaches the front's).
+DOCS_ASSETS_URL = "/docs/assets"
 
 
 def validation_message(exc: RequestValidationError) -> str:
@@ -175,9 +179,21 @@ def create_app(
 
     ``horde_errors`` installs the Horde envelope handlers; the OpenAI front passes False and installs its own.
     """
-    app = FastAPI(
-        title=title or f"Horde Chat {service}", version=version, lifespan=lifespan, **fastapi_kwargs
-    )
+    # FastAPIOffline: /docs and /redoc load Swagger UI and ReDoc from the package's bundled assets (served
+    # under DOCS_ASSETS_URL) instead of a CDN, so they render in a cluster without internet access.
+    # A process without a document (openapi_url=None) has no viewers either.
+    if fastapi_kwargs.get("openapi_url", "/openapi.json") is None:
+        app = FastAPI(
+            title=title or f"Horde Chat {service}", version=version, lifespan=lifespan, **fastapi_kwargs
+        )
+    else:
+        app = FastAPIOffline(
+            title=title or f"Horde Chat {service}",
+            version=version,
+            lifespan=lifespan,
+            static_url=DOCS_ASSETS_URL,
+            **fastapi_kwargs,
+        )
     app.state.service = service
     app.state.settings = settings
     app.state.readiness_checks = {}

@@ -82,4 +82,7 @@ def create_app(settings: JanitorSettings | None = None) -> FastAPI:
                 await stop_task(task)
                 await channel.close()
 
-    return create_base_app(SERVICE, lifespan=lifespan, settings=settings)
+    # No API: no OpenAPI document and no viewers (health, readiness and metrics only).
+    return create_base_app(
+        SERVICE, lifespan=lifespan, settings=settings, docs_url=None, redoc_url=None, openapi_url=None
+    )
