@@ -138,6 +138,7 @@ def _service_env(base: dict[str, str], ports: dict[str, int]) -> dict[str, str]:
             "HORDE_POP_REQUEST_LIMIT_PER_IP": "1000/second",
             "HORDE_SUBMIT_REQUEST_LIMIT_PER_IP": "1000/second",
             "HORDE_READ_REQUEST_LIMIT_PER_IP": "6000/minute",
+            "HORDE_MODIFY_REQUEST_LIMIT_PER_IP": "6000/minute",
             "HORDE_LOG_JSON": "false",
         }
     )

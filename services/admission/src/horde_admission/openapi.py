@@ -600,9 +600,19 @@ OPTIONAL_APIKEY_HEADER = header(
 def info_operations() -> list[NativeOperation]:
     """The upstream read routes existing clients and workers poll."""
 
-    def read(path: str, summary: str, description: str, answer: Answer, **kw: Any) -> NativeOperation:
+    def read(
+        path: str, summary: str, description: str, answer: Answer, errors: dict[str, str], **kw: Any
+    ) -> NativeOperation:
+        # Every one of them counts against the per-address read limit (horde_core.ratelimit.ROUTE_LIMITS).
+        errors = {**errors, "429": "RateLimitExceeded"}
         return NativeOperation(
-            method="get", path=path, summary=summary, description=description, answers={"200": answer}, **kw
+            method="get",
+            path=path,
+            summary=summary,
+            description=description,
+            answers={"200": answer},
+            errors=errors,
+            **kw,
         )
 
     user = Answer("The user's details.", "UserDetails")

@@ -135,7 +135,7 @@ POP_ERRORS = {
     "413": "RequestTooLarge",
     "429": "RateLimitExceeded",
 }
-WORKER_ERRORS = {"404": "WorkerNotFound"}
+WORKER_ERRORS = {"404": "WorkerNotFound", "429": "RateLimitExceeded"}
 
 
 def operations() -> list[NativeOperation]:
@@ -164,7 +164,7 @@ def operations() -> list[NativeOperation]:
             "type other than text lists none."
         ),
         answers={"200": Answer("The workers.", "WorkerList")},
-        errors={"400": "BadRequest (a malformed query parameter)"},
+        errors={"400": "BadRequest (a malformed query parameter)", "429": "RateLimitExceeded"},
     )
     details = [
         NativeOperation(
@@ -194,6 +194,7 @@ MODIFY_ERRORS = {
     "404": "WorkerNotFound, TeamNotFound (any non-empty team: teams are not kept)",
     "408": "RequestBodyTimeout",
     "413": "RequestTooLarge (over 64 KiB)",
+    "429": "RateLimitExceeded (HORDE_MODIFY_REQUEST_LIMIT_PER_IP, upstream's 30 a minute)",
 }
 
 
