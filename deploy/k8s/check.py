@@ -1,6 +1,6 @@
 """Render every kustomization under deploy/k8s and validate the output, offline (``make k8s-check``).
 
-1. Render ``base/`` and every ``overlays/*/`` with kustomize itself (the Go library that the ``pykustomize``
+1. Render ``base/``, every ``overlays/*/`` and ``monitoring/*/`` with kustomize itself (the Go library that the ``pykustomize``
    wheel bundles; ``mk/k8s.mk`` installs it). Components render through the overlays that use them; a
    component no overlay uses is an error. Rendered YAML goes to ``--out`` for review or ``kubectl apply -f``.
 2. When ``kubectl`` is on PATH (and ``--kubectl-crosscheck`` is not ``never``), render again with
@@ -12,8 +12,9 @@
    targets, service accounts) resolve inside the render or to an overlay's ``external-resources.yaml``;
    Service/PDB selectors select pods; probe and Service target ports exist; every container is non-root
    with a read-only root filesystem and resource requests; HPA ranges hold the Deployment's replicas;
-   ``name:port`` endpoints in the configuration point at a Service port; the Ingress routes the native and
-   OpenAI paths to the right services.
+   ``name:port`` endpoints in the configuration point at a Service port; gRPC targets are ``dns:///`` names of
+   headless Services; the Ingress routes the native and OpenAI paths to the right services; HPAs keep CPU and
+   scale only on metrics the Prometheus adapter's rules expose from series the code exports.
 5. Check the cluster's inner walls (overlays: against their ``cluster-network.yaml``): every Deployment has a
    NetworkPolicy; gRPC ports admit only the services that call them, HTTP ports only the ingress controller
    and the in-cluster callers; admission's egress reaches the internet's web ports but none of the private,
@@ -76,7 +77,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def _load_target(d: Path) -> Target:
     """A kustomization directory with the overlay's external resources and cluster network, when it has them."""
-    name = d.name if d.parent.name != "overlays" else f"overlays/{d.name}"
+    name = d.name if d.parent.name not in {"overlays", "monitoring"} else f"{d.parent.name}/{d.name}"
     external_file = d / "external-resources.yaml"
     external = yaml.safe_load(external_file.read_text()) or [] if external_file.is_file() else []
     network_file = d / "cluster-network.yaml"
@@ -88,7 +89,12 @@ def _load_targets(names: list[str]) -> list[Target]:
     if names:
         dirs = [Path(t).resolve() for t in names]
     else:
-        dirs = [HERE / "base", *sorted(p.parent for p in (HERE / "overlays").glob("*/kustomization.yaml"))]
+        dirs = [
+            HERE / "base",
+            *sorted(p.parent for p in (HERE / "overlays").glob("*/kustomization.yaml")),
+            # Applied on their own, outside the horde's namespace (the Prometheus adapter's rules).
+            *sorted(p.parent for p in (HERE / "monitoring").glob("*/kustomization.yaml")),
+        ]
     return [_load_target(d) for d in dirs]
 
 

@@ -46,4 +46,7 @@ def test_routes(deployed: Objects) -> None:
 def test_an_unused_component_is_caught(tmp_path: Path) -> None:
     (tmp_path / "kustomization.yaml").write_text("resources: []\n")
     problems = check_components([Target("overlays/x", tmp_path, deployable=True)])
-    assert problems == ["component worker is used by no overlay, so nothing renders it"]
+    assert problems == [
+        "component autoscaling-queue is used by no overlay, so nothing renders it",
+        "component worker is used by no overlay, so nothing renders it",
+    ]

@@ -6,6 +6,9 @@
 - ``references``: references resolve, the Ingress routes, every component is rendered;
 - ``routing``: the Ingress paths equal the one routing table (horde_testing/routes.py, which the local proxy of
   ``make run`` is generated from);
+- ``balancing``: gRPC targets name headless Services (clients balance over every pod);
+- ``autoscaling``: HPAs keep CPU; metrics they scale on are ones the Prometheus adapter example exposes, from
+  series the code exports;
 - ``network``: NetworkPolicy ingress and egress, trusted proxies;
 - ``secrets``: the Secret keys each workload reads, the proxy passkeys;
 - ``images``: the root Dockerfile, the image table and their agreement with the manifests.
@@ -19,6 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .autoscaling import check_adapter_rules, check_hpa_metrics
+from .balancing import check_grpc_targets
 from .model import Target
 from .network import check_egress_ranges, check_network_policies, check_trusted_proxies
 from .objects import check_config, check_names, check_namespaces, check_pods, check_selectors
@@ -37,6 +42,9 @@ EVERY_RENDER: list[Callable[[Target], None]] = [
     check_egress_ranges,
     check_secret_keys,
     check_routing_table,
+    check_grpc_targets,
+    check_adapter_rules,
+    check_hpa_metrics,
 ]
 #: The rules run only on what gets deployed (overlays): references, routes and proxies need the whole cluster.
 DEPLOYABLE_ONLY: list[Callable[[Target], None]] = [check_references, check_routes, check_trusted_proxies]

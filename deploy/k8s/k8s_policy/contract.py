@@ -58,6 +58,13 @@ PASSKEY_SETTINGS = {"admission": "HORDE_PROXY_PASSKEYS", "oai-front": "HORDE_OAI
 #: callers of each HTTP port besides the ingress controller (the front calls admission's native routes; the
 #: worker component pops and submits over the Services). A service the Ingress routes to admits the controller.
 GRPC_CALLERS = {"dispatch": {"admission"}, "submit": {"admission", "janitor"}}
+#: gRPC client targets: the setting and the Deployment whose gRPC port it reaches. Each must be
+#: ``dns:///<headless Service>:<port>`` (horde_core.grpc balances per call over every address DNS answers; a
+#: ClusterIP Service answers one, and each client would stay on the pod its connection landed on).
+GRPC_TARGETS = {"HORDE_DISPATCH_GRPC_TARGET": "dispatch", "HORDE_SUBMIT_GRPC_TARGET": "submit"}
+GRPC_TARGET = re.compile(
+    r"^dns:///([a-z][-a-z0-9]*)(?:\.([a-z0-9][-a-z0-9]*)\.svc(?:\.cluster\.local)?)?:(\d+)$"
+)
 HTTP_CALLERS = {"admission": {"oai-front"}, "dispatch": {"worker"}, "submit": {"worker"}}
 #: Workloads whose egress is restricted, and what they may reach: the internet's web ports (image URLs),
 #: DNS, in-namespace gRPC, and stores on their ports.
@@ -93,6 +100,19 @@ PORT_SETTINGS = {
     "HORDE_SUBMIT_GRPC_PORT": ("submit", "grpc"),
     "HORDE_JANITOR_HTTP_PORT": ("janitor", "http"),
     "HORDE_OAI_HTTP_PORT": ("oai-front", "http"),
+}
+
+#: Autoscaling: the Prometheus adapter's rules (monitoring/prometheus-adapter) and where the code defines its
+#: Prometheus instruments (horde_core.metrics: spec names with ``.``; or prometheus_client's classes directly).
+ADAPTER_CONFIG = HERE / "monitoring" / "prometheus-adapter" / "config.yaml"
+METRIC_SOURCES = ("services/*/src/**/*.py", "libs/*/src/**/*.py")
+#: services/<dir> -> the Deployment running it (a lib's instruments are in every service).
+SERVICE_DEPLOYMENTS = {
+    "admission": "admission",
+    "dispatch": "dispatch",
+    "submit": "submit",
+    "janitor": "janitor",
+    "oai-front": "oai-front",
 }
 
 WORKLOAD_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob"}

@@ -63,6 +63,11 @@ class HordeSettings(BaseSettings):
     janitor_http_port: int = 7104
     dispatch_grpc_target: str | None = None
     submit_grpc_target: str | None = None
+    #: gRPC servers close each client connection after this many seconds (plus the grace for the calls in
+    #: flight on it); the client reconnects and re-resolves its target, so replicas added by a scale-up get
+    #: calls within one age (horde_core.grpc, docs/operator-guide.md#scaling).
+    grpc_max_connection_age_seconds: float = 30.0
+    grpc_max_connection_age_grace_seconds: float = 10.0
 
     # Rate limits of the read and worker routes (horde_core.ratelimit.ROUTE_LIMITS), shared by every replica
     # through Redis; flask-limiter notation, several limits joined by ";". Off: nothing is counted.
@@ -144,11 +149,12 @@ class HordeSettings(BaseSettings):
         return [e for e in self.forwarded_allow_ips.split(",") if e]
 
     def dispatch_target(self) -> str:
-        """gRPC target of dispatch's WorkerPoolService (``host:port``)."""
+        """gRPC target of dispatch's WorkerPoolService: ``host:port``, ``dns:///name:port`` or
+        ``ipv4:a:p1,b:p2`` (every replica, balanced per call: horde_core.grpc)."""
         return self.dispatch_grpc_target or f"127.0.0.1:{self.dispatch_grpc_port}"
 
     def submit_target(self) -> str:
-        """gRPC target of submit's SettlementService (``host:port``)."""
+        """gRPC target of submit's SettlementService (forms as :meth:`dispatch_target`)."""
         return self.submit_grpc_target or f"127.0.0.1:{self.submit_grpc_port}"
 
     @property

@@ -4,6 +4,7 @@ dispatch)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -11,6 +12,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from horde_core.app import create_app as create_base_app
 from horde_core.app import include_native
+from horde_core.tasks import stop_task
 from horde_store.model_reference import load_text_model_reference
 from horde_store.stores import open_stores
 
@@ -18,6 +20,7 @@ from . import openapi, pop, worker_routes
 from .grpc_server import start_worker_pool_server
 from .longpoll import AnnouncementSubscriber, LongPoll, on_shutdown_signal
 from .payload import ObjectStore
+from .queue_depth import refresh_queue_depth
 from .settings import DispatchSettings
 from .state import DispatchState
 
@@ -31,10 +34,11 @@ def create_app(settings: DispatchSettings | None = None) -> FastAPI:
 
     The lifespan opens the stores (pool, a Redis client on the chat signal database, S3), puts the
     :class:`DispatchState` on ``app.state.dispatch``, starts the queue announcement subscriber of the long-poll
-    pop and the WorkerPool gRPC server on ``settings.dispatch_grpc_port`` unless ``dispatch_grpc_enabled`` is
-    false. Waiting pops are released (answered empty) at SIGTERM/SIGINT, before uvicorn drains connections,
-    and at the latest when the lifespan ends. The text model reference (the uptime reward's model size) is read
-    here, so a missing or unreadable HORDE_TEXT_MODEL_REFERENCE stops the process at start.
+    pop, the queue depth reader (horde_dispatch.queue_depth) and the WorkerPool gRPC server on
+    ``settings.dispatch_grpc_port`` unless ``dispatch_grpc_enabled`` is false. Waiting pops are released
+    (answered empty) at SIGTERM/SIGINT, before uvicorn drains connections, and at the latest when the lifespan
+    ends. The text model reference (the uptime reward's model size) is read here, so a missing or unreadable
+    HORDE_TEXT_MODEL_REFERENCE stops the process at start.
     """
     settings = settings or DispatchSettings()
     model_reference = load_text_model_reference(settings.text_model_reference)
@@ -57,6 +61,11 @@ def create_app(settings: DispatchSettings | None = None) -> FastAPI:
             app.state.dispatch = state
             subscriber.start()
             remove_signal_hook = on_shutdown_signal(longpoll.close)
+            depth_task = (
+                asyncio.create_task(refresh_queue_depth(stores.pool, settings.queue_depth_refresh_seconds))
+                if settings.queue_depth_refresh_seconds > 0
+                else None
+            )
             grpc_server = None
             try:
                 if settings.dispatch_grpc_enabled:
@@ -68,6 +77,7 @@ def create_app(settings: DispatchSettings | None = None) -> FastAPI:
                 remove_signal_hook()
                 longpoll.close()
                 await subscriber.stop()
+                await stop_task(depth_task)
                 if grpc_server is not None:
                     await grpc_server.stop(settings.shutdown_grace_seconds)
 

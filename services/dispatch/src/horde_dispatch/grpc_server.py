@@ -47,4 +47,4 @@ async def start_worker_pool_server(state: DispatchState, host: str, port: int) -
     def register(server: grpc.aio.Server) -> None:
         worker_pool_pb2_grpc.add_WorkerPoolServiceServicer_to_server(WorkerPoolServicer(state), server)
 
-    return await start_grpc_server(host, port, register, [SERVICE_NAME])
+    return await start_grpc_server(host, port, register, [SERVICE_NAME], state.settings)

@@ -21,6 +21,8 @@ class DispatchSettings(HordeSettings):
     ``worker_uptime_reward_seconds`` (HORDE_WORKER_UPTIME_REWARD_SECONDS, 600 s as upstream): a worker earns its
     uptime reward each time its uptime since the last reward passes this many seconds
     (docs/native-api.md#uptime-kudos); tests shorten it.
+    ``queue_depth_refresh_seconds`` (HORDE_QUEUE_DEPTH_REFRESH_SECONDS, 15 s): how often this process reads the
+    queue depth into ``horde_text_queue_jobs`` (horde_dispatch.queue_depth; 0 turns the reads off).
     """
 
     dispatch_grpc_enabled: bool = True
@@ -28,3 +30,4 @@ class DispatchSettings(HordeSettings):
     pop_wait_recheck_seconds: float = Field(default=3.0, gt=0)
     pop_wait_max_seconds: float = Field(default=MAX_POP_WAIT_SECONDS, ge=0, le=MAX_POP_WAIT_SECONDS)
     worker_uptime_reward_seconds: int = Field(default=UPTIME_REWARD_SECONDS, ge=1)
+    queue_depth_refresh_seconds: float = Field(default=15.0, ge=0)

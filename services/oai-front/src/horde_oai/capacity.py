@@ -3,7 +3,8 @@
 A pure ASGI middleware counts the chat completions in flight, per client address and in total, from the
 request's arrival until its response (a stream included) has been sent. Past either cap a new request is
 refused at once with 503 ``FrontAtCapacity`` and ``Retry-After``, before its body is read, so a burst from one
-client cannot hold every waiting slot of the process.
+client cannot hold every waiting slot of the process. The total is also the gauge
+``horde_oai_completions_in_flight``, the front's autoscaling signal (docs/operator-guide.md#scaling).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from horde_oai.completions import record_refusal
 from horde_oai.errors import OpenAIError
+from horde_oai.metrics import COMPLETIONS_IN_FLIGHT
 
 CAPACITY_RETRY_AFTER_SECONDS = 1
 CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
@@ -43,10 +45,12 @@ class InFlightCap:
         # One event loop per process: the counters need no lock.
         self.in_flight += 1
         self.by_address[address] += 1
+        COMPLETIONS_IN_FLIGHT.inc()
         try:
             await self.app(scope, receive, send)
         finally:
             self.in_flight -= 1
+            COMPLETIONS_IN_FLIGHT.dec()
             self.by_address[address] -= 1
             if self.by_address[address] <= 0:
                 del self.by_address[address]

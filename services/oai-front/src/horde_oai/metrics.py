@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from horde_contract import MAX_CHAT_BODY_BYTES, MAX_CHAT_MAX_TOKENS, MIN_CHAT_MAX_TOKENS
 from horde_contract.errors import RC
-from horde_core.metrics import BUCKETS_REQUEST_LIFECYCLE_SECONDS, BUCKETS_SECONDS, counter, histogram
+from horde_core.metrics import BUCKETS_REQUEST_LIFECYCLE_SECONDS, BUCKETS_SECONDS, counter, gauge, histogram
 
 # Request body sizes in bytes: a text-only chat is a few KiB; images as data URLs reach the 36 MiB cap.
 BUCKETS_BODY_BYTES = (
@@ -118,6 +118,14 @@ REQUEST_DURATION = histogram(
     buckets=BUCKETS_REQUEST_LIFECYCLE_SECONDS,
 )
 CANCELS = counter("horde.oai.cancels", "Cancel attempts of native requests", ["horde.outcome"])
+COMPLETIONS_IN_FLIGHT = gauge(
+    "horde.oai.completions.in_flight",
+    "Chat completions this process holds open: waiting on the horde or streaming (the in-flight cap's count)",
+)
+"""Completions in flight: ``POST /v1/chat/completions`` requests this process admitted past its in-flight cap
+and has not finished answering (a stream until its last byte), set by :class:`horde_oai.capacity.InFlightCap`.
+No labels. The front's autoscaling signal: its average over the front's pods is the waiting completions per
+replica (docs/operator-guide.md#scaling)."""
 REQUEST_MAX_TOKENS = histogram(
     "horde.oai.request.max_tokens",
     "Completion limit of each request the Horde accepted",

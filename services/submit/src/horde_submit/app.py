@@ -69,6 +69,7 @@ def create_app(settings: SubmitSettings | None = None) -> FastAPI:
                     settings.submit_grpc_port,
                     registrar(SettlementServicer(pool, signal, models)),
                     [SERVICE_NAME],
+                    settings,
                 )
             try:
                 yield
