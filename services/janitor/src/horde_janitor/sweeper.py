@@ -15,6 +15,8 @@ Each pass, every ``janitor_interval_seconds``:
    submit's ``SettlementService.FaultGeneration`` (faults are settlement's rules: restart, worker counters, the
    request fault past FAULTED_GENERATIONS_LIMIT and its signal). The RPC is a compare-and-set, so two replicas
    that find the same generation fault it once; ``horde.text.stale_aborts`` counts only the fault that happened.
+   A request already past its expiry is step 1's (a replica's expiry may be deleting it right now), never faulted
+   here.
    A pending, real generation of a cancelled streamed request, lapsed or not, is instead settled through
    ``SettleCancelledGeneration``: the cancel settles those itself, so one still pending means the cancel's call
    to submit failed, and its worker, told to stop, must be paid for what it posted and not counted as having
@@ -106,7 +108,12 @@ SELECT (SELECT count(*) FROM models) + (SELECT count(*) FROM workers)
 """
 
 # Pending generations whose lease lapsed, and pending real generations of cancelled streamed requests (which the
-# cancel settles; ``cancel_settles`` marks them, as submit's GenerationContext.cancel_settles does).
+# cancel settles; ``cancel_settles`` marks them, as submit's GenerationContext.cancel_settles does). A request past
+# its expiry is left to the expiry, which deletes its generations unpaid: with several replicas one replica's
+# expiry statement may hold such a request locked while another replica sweeps, and a FaultGeneration on it would
+# lock the generation and then wait on the request row that the expiry holds while the expiry's cascade waits on
+# that generation (a deadlock PostgreSQL breaks by failing one of them). One janitor never sees these rows here
+# either: its pass expires first.
 _STALE_SQL = """
 SELECT g.id, wp.is_chat, COALESCE(u.trusted, false) AS worker_trusted,
        (wp.cancelled AND wp.stream_progress AND NOT g.fake) AS cancel_settles
@@ -114,7 +121,7 @@ SELECT g.id, wp.is_chat, COALESCE(u.trusted, false) AS worker_trusted,
   JOIN waiting_prompts wp ON wp.id = g.wp_id
   JOIN workers w ON w.id = g.worker_id
   LEFT JOIN users u ON u.id = w.user_id
- WHERE g.generation IS NULL AND NOT g.faulted
+ WHERE g.generation IS NULL AND NOT g.faulted AND wp.expiry >= now()
    AND (g.started_at + make_interval(secs => g.job_ttl) < now()
         OR (wp.cancelled AND wp.stream_progress AND NOT g.fake))
  ORDER BY g.started_at
