@@ -179,10 +179,12 @@ async def test_horde_admin_cli(
     assert (await users.authenticate(conn, rotated["api_key"], SALT)).kudos == 9  # type: ignore[union-attr]
 
     update = ("user", "set", "--username", "dave", "--kudos", "1000", "--no-trusted", "--patron", "--flagged")
-    r = await asyncio.to_thread(_admin, database_url, *update, "--concurrency", "3")
+    r = await asyncio.to_thread(_admin, database_url, *update, "--concurrency", "3", "--moderator")
     assert r.returncode == 0, r.stderr
     shown = json.loads(r.stdout)
     assert (shown["kudos"], shown["trusted"], shown["patron"], shown["flagged"]) == (1000, False, True, True)
+    assert shown["moderator"] is True
+    assert await conn.fetchval("SELECT moderator FROM users WHERE username = 'dave'") is True
     assert shown["concurrency"] == 3 and "api_key_hash" not in shown
 
     r = _admin(database_url, "user", "show", "--username", "dave", in_process=True)

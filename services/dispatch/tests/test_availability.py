@@ -138,6 +138,19 @@ async def test_rules_and_declaration_gap(h: Harness, stub: Any) -> None:
     r = await ask(stub, models=[CHAT_MODEL], max_length=256, requester_user_id=owner)
     assert (r.serving_workers, r.eligible_workers) == (2, 2)
 
+    # A flagged or deleted owner's workers serve no one, the owner included: their pops are refused
+    # (WorkerFlaggedMaintenance, DeletedUser), so counting them would keep clients waiting on them.
+    await h.set_worker("g-1", maintenance=False)
+    await h.set_worker("g-2", maintenance=False)
+    for column in ("flagged", "deleted"):
+        await h.db.execute(f"UPDATE users SET {column} = true WHERE id = $1", owner)
+        for requester in (0, owner):
+            r = await ask(stub, models=[CHAT_MODEL], max_length=256, requester_user_id=requester)
+            assert (r.serving_workers, r.eligible_workers) == (0, 0), (column, requester)
+        await h.db.execute(f"UPDATE users SET {column} = false WHERE id = $1", owner)
+    r = await ask(stub, models=[CHAT_MODEL], max_length=256)
+    assert (r.serving_workers, r.eligible_workers) == (2, 2)
+
 
 async def test_empty_models_is_invalid_argument(stub: Any) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as info:

@@ -177,6 +177,15 @@ async def test_paused_worker_gets_fake_jobs_for_others_and_real_ones_for_its_own
     assert await h.db.fetchval("SELECT n FROM waiting_prompts WHERE id = $1", own) == 0
     assert queue_wait_count() == waits + 1
 
+    # One decoy per request: popping again, the paused worker is not handed the same request a second time
+    # (it would otherwise loop on it as fast as it can pop), though the request is still queued.
+    r = await h.pop(paused_key, text_body("w-paused"))
+    assert (r.status_code, r.json()["id"]) == (200, None), r.text
+    assert await h.db.fetchval(
+        "SELECT count(*) FROM processing_gens WHERE wp_id = $1 AND worker_id = $2", wp, paused_id
+    ) == 1
+    assert await h.db.fetchval("SELECT n FROM waiting_prompts WHERE id = $1", wp) == 1
+
     # A real worker still takes the other request, and takes it for real.
     r = await h.pop(real_key, text_body("w-real"))
     assert r.status_code == 200, r.text

@@ -5,6 +5,7 @@
     horde-admin user show --username NAME
     horde-admin user set --username NAME [--kudos N] [--trusted/--no-trusted] [--patron/--no-patron]
                          [--concurrency N] [--flagged/--no-flagged] [--min-kudos N] [--deleted/--no-deleted]
+                         [--moderator/--no-moderator]
     horde-admin shared-key create --username NAME [--kudos N] [--expiry-days N] [--max-text-tokens N]
                                   [--name S]
     horde-admin worker set --name NAME [--maintenance/--no-maintenance] [--maintenance-msg S]
@@ -77,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     upd.add_argument("--kudos", type=float, default=None, help="set the balance to N")
     upd.add_argument("--min-kudos", type=float, default=None)
     upd.add_argument("--concurrency", type=int, default=None)
-    for flag in ("trusted", "patron", "flagged", "deleted"):
+    for flag in ("trusted", "patron", "flagged", "deleted", "moderator"):
         upd.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=None)
 
     worker = sub.add_parser("worker", help="change workers").add_subparsers(dest="action", required=True)
@@ -173,7 +174,9 @@ async def _run_on(conn: asyncpg.Connection, args: argparse.Namespace) -> dict[st
             return await _show_user(conn, args.username)
         if args.command == "user" and args.action == "set":
             user = await users.set_user(
-                conn, args.username, **_options(args, *_USER_PROFILE, "min_kudos", "flagged", "deleted")
+                conn,
+                args.username,
+                **_options(args, *_USER_PROFILE, "min_kudos", "flagged", "deleted", "moderator"),
             )
             return user.to_json()
         if args.command == "worker" and args.action == "set":

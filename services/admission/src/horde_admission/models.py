@@ -32,14 +32,16 @@ router = APIRouter()
 ROUTE_CACHE_SECONDS = 2
 ONLINE_SECONDS = 300
 
-# One row per (model, worker) for online workers not in maintenance: the text models a worker pops with,
-# and its chat model_id. The chat object comes from the same pass.
+# One row per (model, worker) for online workers not in maintenance, whose owner is neither flagged nor
+# deleted (their pops are refused): the text models a worker pops with, and its chat model_id. The chat
+# object comes from the same pass.
 _MODELS_SQL = """
 WITH online AS (
     SELECT w.id, w.threads, w.accepts_prompt_jobs, w.accepts_chat_jobs, w.chat_model_id,
            w.chat_max_context_length, w.chat_max_length, w.chat_features, w.created, w.models
-    FROM workers w
+    FROM workers w JOIN users u ON u.id = w.user_id
     WHERE w.last_check_in > now() - make_interval(secs => $1) AND NOT w.maintenance
+      AND NOT u.flagged AND NOT u.deleted
 ), text_models AS (
     SELECT m AS name,
            sum(CASE WHEN o.accepts_prompt_jobs THEN o.threads ELSE 0 END) AS count

@@ -44,12 +44,14 @@ LEASE_SPEED_REASON = "lease_speed"
 
 
 # Online chat workers serving any of the models, paused and in maintenance included (they keep the model
-# known); ``serves`` is false for a worker in maintenance or paused unless the requester owns it, and only
-# the workers that serve count as serving or eligible.
+# known); ``serves`` is false for a worker in maintenance or paused unless the requester owns it, and for
+# every worker of a flagged or deleted owner (their pops are refused: WorkerFlaggedMaintenance, DeletedUser),
+# and only the workers that serve count as serving or eligible.
 _ONLINE_CHAT_WORKERS = f"""
 SELECT w.id, w.user_id, w.threads, w.speed, w.chat_model_id, w.chat_features, w.chat_max_context_length,
        w.chat_max_length, w.chat_tools_max_temperature, w.image_transports, w.bridge_agent, u.trusted,
-       ((NOT w.maintenance AND NOT w.paused) OR w.user_id = $2::bigint) AS serves
+       (NOT u.flagged AND NOT u.deleted
+        AND ((NOT w.maintenance AND NOT w.paused) OR w.user_id = $2::bigint)) AS serves
 FROM workers w JOIN users u ON u.id = w.user_id
 WHERE w.accepts_chat_jobs
   AND w.chat_model_id = ANY($1::text[])
@@ -61,7 +63,8 @@ WHERE w.accepts_chat_jobs
 # included as above.
 _ONLINE_TEXT_WORKERS = f"""
 SELECT w.id, w.user_id, w.threads, w.speed, w.max_length, w.max_context_length, w.bridge_agent, u.trusted,
-       ((NOT w.maintenance AND NOT w.paused) OR w.user_id = $2::bigint) AS serves
+       (NOT u.flagged AND NOT u.deleted
+        AND ((NOT w.maintenance AND NOT w.paused) OR w.user_id = $2::bigint)) AS serves
 FROM workers w JOIN users u ON u.id = w.user_id
 WHERE w.accepts_prompt_jobs
   AND (cardinality($1::text[]) = 0 OR w.models && $1::text[])

@@ -14,8 +14,9 @@ order) when the worker's models are common in the queue, and otherwise BitmapOrs
 the few matches; the priority page reads ``ix_waiting_prompts_user_id``.
 
 A paused worker (docs/native-api.md#workers) picks its request exactly as an unpaused one would. Its owner's
-request is a real job; any other request gets one fake generation (``processing_gens.fake``): the request's
-n and expiry are left alone, so real workers still take it, and submit neither pays nor delivers the reply.
+request is a real job; any other request gets one fake generation (``processing_gens.fake``), once per
+request and worker: the request's n and expiry are left alone, so real workers still take it, and submit
+neither pays nor delivers the reply.
 On the wire a fake job is the real payload, so the worker cannot tell (upstream's countermeasure).
 """
 
@@ -144,6 +145,15 @@ def _common_filters(p: Params, w: PopWorker) -> list[str]:
         # A worker in maintenance serves only its owner's requests. A paused one is not filtered here: it
         # picks as any worker would, and the pop statement turns others' requests into fake jobs.
         filters.append(f"wp.user_id = {p.add(w.owner_id, 'bigint', 'owner_id')}")
+    elif w.paused:
+        # One decoy per request and paused worker: a fake job leaves the request queued, so without this the
+        # worker would get the same request again at once, forever (a busy loop against the pop and submit
+        # limits its neighbours share). Its owner's requests are real jobs and are never excluded.
+        owner = p.add(w.owner_id, "bigint", "owner_id")
+        filters.append(
+            f"(wp.user_id = {owner} OR NOT EXISTS (SELECT 1 FROM processing_gens f "
+            f"WHERE f.wp_id = wp.id AND f.worker_id = {wid} AND f.fake))"
+        )
     return filters
 
 
