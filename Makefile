@@ -16,7 +16,7 @@ MYPY_TESTS := $(UV) run --no-sync mypy --config-file= --python-version 3.11 --ig
 .PHONY: help setup run test test-quick test-e2e test-fuzz lint proto-lint proto proto-check bench k8s-check clean
 
 help:
-	@echo "make run         start the local stack (embedded stores, 5 services, a reference worker)"
+	@echo "make run         start the local stack (embedded stores, 5 services, a reference worker); REPLICAS=2: two of each"
 	@echo "make test        set up and run the whole test suite"
 	@echo "make run-llm     the local stack with a real model (llama.cpp, gemma3-270m) as the worker"
 	@echo "make test-llm    the model tests (compiles llama.cpp on first use, ~7 min)"
@@ -32,13 +32,14 @@ help:
 
 setup: .venv/.synced
 
+# The Procfile's processes under supervisord, REPLICAS=N of each service (REPLICAS_DISPATCH=3 etc. per service;
+# make exports command-line variables to the recipe), each restarted when it dies; Ctrl-C stops them all
+# (libs/horde-testing/src/horde_testing/local_stack.py).
 run: setup
 	@mkdir -p .local
 	@if [ -e .local/run.pid ] && kill -0 "$$(cat .local/run.pid)" 2>/dev/null; then \
 		echo "make run: a local stack from this checkout is already running (pid $$(cat .local/run.pid)); stop it first" >&2; exit 1; fi
-	@rm -f .local/stores.env .local/ready
-	@[ -s .local/proxy-passkey ] || python3 -c 'import secrets; print(secrets.token_urlsafe(24))' > .local/proxy-passkey
-	@echo $$$$ > .local/run.pid; exec $(UV) run --no-sync honcho -f Procfile start
+	@echo $$$$ > .local/run.pid; exec .venv/bin/python -m horde_testing.local_stack run --dir .local
 
 test: setup
 	@$(UV) run --no-sync coverage erase

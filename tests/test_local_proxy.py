@@ -6,13 +6,16 @@ streams are not buffered, and client addresses reach the services the way admiss
 from __future__ import annotations
 
 import contextlib
+import itertools
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from horde_testing._proc import port_is_free
 from horde_testing.launcher import ServiceProcess, free_port
 from horde_testing.local_proxy import (
     caddy_binary,
@@ -29,7 +32,7 @@ PASSKEY = "test-passkey"
 # does), the client address as admission computes it (horde_core.ratelimit.client_address), and two streams
 # that send their first part, then wait for /__release (asked directly, not through the proxy).
 STANDIN = r"""
-import asyncio, sys
+import asyncio, os, sys
 import uvicorn
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
@@ -52,6 +55,8 @@ async def handle(request):
     if path.endswith("/sse-test"):
         release.clear()
         return StreamingResponse(parts(b"data: one\n\n", b"data: two\n\n"), media_type="text/event-stream")
+    if path.endswith("/die-test") and name == "admission-1":
+        os._exit(1)  # a crash after the request was sent, before any answer
     if path.endswith("/fixed-length-test"):
         release.clear()
         return StreamingResponse(parts(b"one\n", b"two\n"), media_type="application/json",
@@ -117,6 +122,44 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             )
         )
         yield Stack(proxy, {s: f"http://127.0.0.1:{p}" for s, p in ports.items()}, config)
+
+
+@pytest.fixture(scope="module")
+def replicated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list[ServiceProcess]]]:
+    """The proxy with two replicas of admission (REPLICAS_ADMISSION=2: stand-ins ``admission-0`` on the base
+    port and ``admission-1`` on base + 10); the other Services' ports are free and unused."""
+    config = tmp_path_factory.mktemp("local-proxy-replicas") / "Caddyfile"
+    base = free_port()
+    while not port_is_free(base + 10):
+        base = free_port()
+    proxy_port = free_port()
+    env = {PORT_SETTINGS[s]: str(free_port()) for s in SERVICES if s != "admission"}
+    env |= {"HORDE_ADMISSION_HTTP_PORT": str(base), "REPLICAS_ADMISSION": "2"}
+    with contextlib.ExitStack() as stack:
+        replicas = [
+            stack.enter_context(
+                ServiceProcess(
+                    f"standin-admission-{i}",
+                    [sys.executable, "-c", STANDIN, f"admission-{i}", str(base + 10 * i), PASSKEY],
+                    health_url=f"http://127.0.0.1:{base + 10 * i}/healthz",
+                )
+            )
+            for i in range(2)
+        ]
+        proxy = f"http://127.0.0.1:{proxy_port}"
+        stack.enter_context(
+            ServiceProcess(
+                "local-proxy-replicas",
+                [
+                    *(sys.executable, "-m", "horde_testing.local_proxy"),
+                    *("--config", str(config), "--listen", f"127.0.0.1:{proxy_port}"),
+                ],
+                env=env,
+                health_url=f"{proxy}/api/ready",
+                stop_timeout=5,
+            )
+        )
+        yield proxy, replicas
 
 
 @pytest.fixture(scope="module")
@@ -252,6 +295,58 @@ def test_a_proxy_passkey_passes_through(client: httpx.Client) -> None:
     assert plain["proxy_authorization"] is None
 
 
+# -- replicas ---------------------------------------------------------------------------------------------
+
+
+def test_replicas_share_the_traffic_and_a_dead_one_is_skipped(
+    replicated: tuple[str, list[ServiceProcess]],
+) -> None:
+    """round_robin: both replicas answer, in turn. After admission-1 is killed, every request is still answered
+    (by admission-0): its connection to the dead replica failed, so nothing was sent and Caddy tries the other,
+    whatever the method."""
+    proxy, replicas = replicated
+    with httpx.Client(base_url=proxy, timeout=30, trust_env=False) as client:
+        seen = [client.get("/api/v2/status/models").json()["backend"] for _ in range(10)]
+        assert sorted(seen) == ["admission-0"] * 5 + ["admission-1"] * 5
+        assert all(a != b for a, b in itertools.pairwise(seen))  # in turn
+        replicas[1].kill()
+        for _ in range(6):
+            got = client.get("/api/v2/status/models")
+            assert (got.status_code, got.json()["backend"]) == (200, "admission-0")
+        posted = client.post("/api/v2/generate/chat/async", json={"x": 1})
+        assert (posted.status_code, posted.json()["backend"], posted.json()["method"]) == (
+            200,
+            "admission-0",
+            "POST",
+        )
+
+
+def test_a_get_is_retried_after_a_replica_dies_mid_request_and_a_post_is_not(
+    replicated: tuple[str, list[ServiceProcess]],
+) -> None:
+    """admission-1 dies on ``/die-test`` after the request reached it. A GET is retried on admission-0 (200);
+    a POST is not sent twice: its client gets 502 (the front's native submit retries such an answer itself,
+    deduplicated by its operation key)."""
+    proxy, replicas = replicated
+    with httpx.Client(base_url=proxy, timeout=30, trust_env=False) as client:
+        for method in ("GET", "POST"):
+            replicas[1].stop()  # reaped (the test before killed it, the GET below kills it), then alive again
+            replicas[1].start()
+            replicas[1].wait_healthy()
+            answers = []
+            deadline = time.monotonic() + 30
+            # Until a request reaches admission-1 (benched for fail_duration after a failure): it dies then.
+            while replicas[1].running and time.monotonic() < deadline:
+                got = client.request(method, "/api/die-test")
+                answers.append((got.status_code, got.json()["backend"] if got.status_code == 200 else None))
+            assert not replicas[1].running, f"{method}: no request reached admission-1 in 30 s"
+            if method == "GET":
+                assert answers and set(answers) == {(200, "admission-0")}, answers
+            else:
+                assert answers[-1] == (502, None), answers
+                assert set(answers[:-1]) <= {(200, "admission-0")}, answers
+
+
 # -- the generator ----------------------------------------------------------------------------------------
 
 
@@ -267,12 +362,33 @@ def test_the_written_config_is_the_table_rendered(stack: Stack, tmp_path: Path) 
 
 def test_local_upstreams_follow_the_port_settings() -> None:
     assert local_upstreams({}) == {
-        "admission": "127.0.0.1:7101",
-        "dispatch": "127.0.0.1:7102",
-        "submit": "127.0.0.1:7103",
-        "oai-front": "127.0.0.1:7002",
+        "admission": ["127.0.0.1:7101"],
+        "dispatch": ["127.0.0.1:7102"],
+        "submit": ["127.0.0.1:7103"],
+        "oai-front": ["127.0.0.1:7002"],
     }
-    assert local_upstreams({"HORDE_OAI_HTTP_PORT": "9000"})["oai-front"] == "127.0.0.1:9000"
+    assert local_upstreams({"HORDE_OAI_HTTP_PORT": "9000"})["oai-front"] == ["127.0.0.1:9000"]
+
+
+def test_local_upstreams_list_every_replica() -> None:
+    """REPLICAS=N: replica i of a service is on its base port + 10·i; REPLICAS_<SERVICE> wins for that one."""
+    upstreams = local_upstreams({"REPLICAS": "2", "REPLICAS_DISPATCH": "3", "HORDE_OAI_HTTP_PORT": "9000"})
+    assert upstreams == {
+        "admission": ["127.0.0.1:7101", "127.0.0.1:7111"],
+        "dispatch": ["127.0.0.1:7102", "127.0.0.1:7112", "127.0.0.1:7122"],
+        "submit": ["127.0.0.1:7103", "127.0.0.1:7113"],
+        "oai-front": ["127.0.0.1:9000", "127.0.0.1:9010"],
+    }
+    text = render_caddyfile(upstreams)
+    assert text.count("127.0.0.1:7102 127.0.0.1:7112 127.0.0.1:7122 {") == 2 * sum(
+        r.service == "dispatch" for r in ROUTES
+    )
+    for option in ("lb_policy round_robin", "lb_try_duration 10s", "fail_duration 2s", "max_fails 1"):
+        assert text.count(option) == 2 * len(ROUTES)
+    with pytest.raises(ValueError, match="REPLICAS_ADMISSION / REPLICAS=0"):
+        local_upstreams({"REPLICAS": "0"})
+    with pytest.raises(ValueError, match="HORDE_ADMISSION_HTTP_PORT='x' is not a port number"):
+        local_upstreams({"HORDE_ADMISSION_HTTP_PORT": "x"})
 
 
 def test_path_patterns() -> None:
@@ -289,6 +405,8 @@ def test_a_broken_table_or_listen_address_is_refused() -> None:
         render_caddyfile(upstreams, routes=(Route("/x y`", "Prefix", "admission"),))
     with pytest.raises(ValueError, match="no upstream for submit"):
         render_caddyfile({"admission": "127.0.0.1:1"}, routes=(Route("/x", "Prefix", "submit"),))
+    with pytest.raises(ValueError, match="no upstream for submit"):
+        render_caddyfile({"submit": []}, routes=(Route("/x", "Prefix", "submit"),))
     with pytest.raises(ValueError, match="not HOST:PORT"):
         render_caddyfile(upstreams, listen="7000")
 

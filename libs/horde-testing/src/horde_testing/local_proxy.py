@@ -22,11 +22,22 @@ Client addresses: Caddy sets ``X-Forwarded-For`` to the address of its peer, rep
 ``Proxy-Authorization`` and ``Proxied-For`` through unchanged (Caddy would drop ``Proxy-Authorization`` as a
 hop-by-hop header; nginx passes it), so a front holding a proxy passkey (``HORDE_PROXY_PASSKEYS``) may use
 the one URL too. Caddy holds no passkey and adds neither header itself; the horde's own front calls admission
-directly (``HORDE_OAI_HORDE_URL``), not through the proxy. The services of ``make run`` do not trust Caddy's ``X-Forwarded-For`` (``HORDE_FORWARDED_ALLOW_IPS``
-is unset): Caddy listens on loopback, so every client's address is 127.0.0.1 with or without it, and trusting
+directly (``HORDE_OAI_HORDE_URL``) while admission runs one replica, and through this proxy when it runs
+several (so those calls are balanced and fail over too: :mod:`horde_testing.local_stack`). The services of
+``make run`` do not trust Caddy's ``X-Forwarded-For`` (``HORDE_FORWARDED_ALLOW_IPS`` is unset): Caddy listens on loopback, so every client's address is 127.0.0.1 with or without it, and trusting
 127.0.0.1 would let any local process choose the address its limits count on the direct ports. Listening
 beyond loopback (``--listen 0.0.0.0:7000``), set ``HORDE_FORWARDED_ALLOW_IPS=127.0.0.1`` for the services so
 they count each client by the address Caddy forwards.
+
+Replicas (``make run REPLICAS=2``, :mod:`horde_testing.replicas`): each Service's ``reverse_proxy`` lists
+every replica and balances with ``lb_policy round_robin``. Passive health checks (``fail_duration 2s``,
+``max_fails 1``) bench a replica for 2 s after a failed attempt, and ``lb_try_duration 10s`` makes a request
+whose replica cannot be reached try another (or, with one replica, the same one once its supervisor has
+restarted it) for up to 10 s. What Caddy retries is safe by construction: a request whose connection failed
+(nothing was sent) of any method, and after a failed round trip only a ``GET`` (its ``lb_retry_match``
+default); a ``POST`` that reached a replica which then died is answered 502, never sent twice (the front's
+native submit retries such a 502 itself, deduplicated by its operation key). No active health checks: they
+would run once per ``reverse_proxy`` (two per table row), and a refused connection already costs only a retry.
 
 The admin endpoint is off, nothing is persisted outside the config's directory (Caddy's data and config
 directories are set beside the Caddyfile), and a stop waits at most 2 s for open connections.
@@ -41,6 +52,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from horde_testing.replicas import ROUTE_SERVICE, http_ports
 from horde_testing.routes import ROUTES, SERVICES, Route, by_precedence, problems
 
 #: The local stack's listen address for the one URL.
@@ -49,19 +61,25 @@ DEFAULT_LISTEN = "127.0.0.1:7000"
 MAX_BODY = "40MiB"
 #: The longest a stop waits for open connections (a long poll, a stream) before Caddy closes them.
 GRACE_PERIOD = "2s"
+#: Load balancing over a Service's replicas (module docstring, "Replicas"): the policy, how long a request
+#: may wait for a replica that answers, how often it tries, and how long one failure benches a replica.
+LB_POLICY = "round_robin"
+LB_TRY_DURATION = "10s"
+LB_TRY_INTERVAL = "250ms"
+FAIL_DURATION = "2s"
+MAX_FAILS = 1
 
 
-def local_upstreams(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Each Service of the table as the ``host:port`` the local stack serves it on: the services' own
-    ``HORDE_<X>_HTTP_PORT`` settings and defaults (horde_core.settings), on loopback."""
+def local_upstreams(env: Mapping[str, str] | None = None) -> dict[str, list[str]]:
+    """Each Service of the table as the ``host:port`` of every replica the local stack runs of it, replica 0
+    first: the services' own ``HORDE_<X>_HTTP_PORT`` settings and defaults (horde_core.settings) on loopback,
+    plus 10 per replica, as many as ``REPLICAS`` / ``REPLICAS_<SERVICE>`` say (:mod:`horde_testing.replicas`).
+    Raises ValueError for a count or port that is not one."""
     env = os.environ if env is None else env
-    ports = {
-        "admission": env.get("HORDE_ADMISSION_HTTP_PORT", "7101"),
-        "dispatch": env.get("HORDE_DISPATCH_HTTP_PORT", "7102"),
-        "submit": env.get("HORDE_SUBMIT_HTTP_PORT", "7103"),
-        "oai-front": env.get("HORDE_OAI_HTTP_PORT", "7002"),
+    return {
+        service: [f"127.0.0.1:{port}" for port in http_ports(ROUTE_SERVICE[service], env)]
+        for service in SERVICES
     }
-    return {service: f"127.0.0.1:{int(port)}" for service, port in ports.items()}
 
 
 def path_pattern(route: Route) -> str:
@@ -71,16 +89,19 @@ def path_pattern(route: Route) -> str:
 
 
 def render_caddyfile(
-    upstreams: Mapping[str, str],
+    upstreams: Mapping[str, str | Sequence[str]],
     *,
     listen: str = DEFAULT_LISTEN,
     routes: tuple[Route, ...] = ROUTES,
 ) -> str:
-    """The Caddyfile of the local proxy: ``routes`` on ``listen``, each Service at ``upstreams[service]``."""
+    """The Caddyfile of the local proxy: ``routes`` on ``listen``, each Service balanced over
+    ``upstreams[service]`` (one ``host:port`` or a list of them, one per replica). Raises ValueError for a
+    broken table, a Service without upstreams or a listen address that is not ``HOST:PORT``."""
     bad = problems(routes)
     if bad:
         raise ValueError("the routing table is broken: " + "; ".join(bad))
-    missing = sorted({r.service for r in routes} - set(upstreams))
+    hosts = {service: [u] if isinstance(u, str) else list(u) for service, u in upstreams.items()}
+    missing = sorted({r.service for r in routes if not hosts.get(r.service)})
     if missing:
         raise ValueError(f"no upstream for {', '.join(missing)}")
     host, _, port = listen.rpartition(":")
@@ -104,7 +125,7 @@ def render_caddyfile(
         "\troute {",
     ]
     for i, route in enumerate(by_precedence(routes)):
-        pattern, upstream = path_pattern(route), upstreams[route.service]
+        pattern, upstream = path_pattern(route), " ".join(hosts[route.service])
         # Two handlers per row: Caddy drops Proxy-Authorization (hop-by-hop); a request carrying one gets it
         # passed on, one without gets none (rather than an empty one).
         lines += [
@@ -114,12 +135,12 @@ def render_caddyfile(
             "\t\t\theader Proxy-Authorization *",
             "\t\t}",
             f"\t\treverse_proxy @route{i}_passkey {upstream} {{",
-            "\t\t\tflush_interval -1",
+            *_proxy_options(),
             "\t\t\theader_up Proxy-Authorization {http.request.header.Proxy-Authorization}",
             "\t\t}",
             f"\t\t@route{i} path_regexp `{pattern}`",
             f"\t\treverse_proxy @route{i} {upstream} {{",
-            "\t\t\tflush_interval -1",
+            *_proxy_options(),
             "\t\t}",
         ]
     lines += [
@@ -129,6 +150,18 @@ def render_caddyfile(
         "",
     ]
     return "\n".join(lines)
+
+
+def _proxy_options() -> list[str]:
+    """The options of every ``reverse_proxy``: unbuffered, balanced, passive health checks (module docstring)."""
+    return [
+        "\t\t\tflush_interval -1",
+        f"\t\t\tlb_policy {LB_POLICY}",
+        f"\t\t\tlb_try_duration {LB_TRY_DURATION}",
+        f"\t\t\tlb_try_interval {LB_TRY_INTERVAL}",
+        f"\t\t\tfail_duration {FAIL_DURATION}",
+        f"\t\t\tmax_fails {MAX_FAILS}",
+    ]
 
 
 def caddy_binary() -> str:
@@ -168,7 +201,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--config", type=Path, default=Path(".local/Caddyfile"), help="where to write the Caddyfile"
     )
-    p.add_argument("--listen", default=DEFAULT_LISTEN, help="HOST:PORT of the one URL")
+    p.add_argument(
+        "--listen",
+        default=os.environ.get("LOCAL_STACK_LISTEN") or DEFAULT_LISTEN,
+        help="HOST:PORT of the one URL (default $LOCAL_STACK_LISTEN, else %(default)s)",
+    )
     p.add_argument(
         "--no-exec", action="store_true", help="write the Caddyfile and exit instead of running Caddy"
     )
@@ -183,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_config(config, render_caddyfile(upstreams, listen=args.listen))
     if args.no_exec:
         return 0
-    routes = ", ".join(f"{s} {upstreams[s]}" for s in SERVICES)
+    routes = ", ".join(f"{s} {' '.join(upstreams[s])}" for s in SERVICES)
     print(f"local proxy: http://{args.listen} -> {routes} (config {config})", flush=True)
     argv_caddy = caddy_command(config)
     os.execve(argv_caddy[0], argv_caddy, caddy_env(config))
