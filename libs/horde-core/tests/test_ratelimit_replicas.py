@@ -12,9 +12,16 @@ from .test_ratelimit import assert_limited, build_app, client
 
 
 async def test_two_replicas_share_each_routes_budget(redis_url: str) -> None:
-    limits = {"status_request_limit_per_ip": "3/minute", "pop_request_limit_per_ip": "2/minute"}
-    a = build_app(HordeSettings(redis_url=redis_url, **limits))
-    b = build_app(HordeSettings(redis_url=redis_url, **limits))
+    a = build_app(
+        HordeSettings(
+            redis_url=redis_url, status_request_limit_per_ip="3/minute", pop_request_limit_per_ip="2/minute"
+        )
+    )
+    b = build_app(
+        HordeSettings(
+            redis_url=redis_url, status_request_limit_per_ip="3/minute", pop_request_limit_per_ip="2/minute"
+        )
+    )
     address = "192.0.2.77"  # no other test counts this address
     status = f"/api/v2/generate/chat/status/{uuid.uuid4()}"
     async with client(a, address) as on_a, client(b, address) as on_b:
