@@ -80,6 +80,16 @@ async def test_find_user_answers_the_keys_user_with_its_own_fields(
     wp = await db.fetchval(
         "INSERT INTO waiting_prompts (user_id, active) VALUES ($1, true) RETURNING id", uid
     )
+    # Ended requests are not active generations: a finished one (n = 0, nothing in flight), a cancelled and
+    # a faulted one.
+    for ended in ("n = 0", "cancelled = true", "faulted = true"):
+        await db.execute("INSERT INTO waiting_prompts (user_id, active) VALUES ($1, true)", uid)
+        await db.execute(
+            f"UPDATE waiting_prompts SET {ended} WHERE user_id = $1 AND id <> $2 AND n > 0 AND NOT cancelled "
+            "AND NOT faulted",
+            uid,
+            wp,
+        )
     username = await db.fetchval("SELECT username FROM users WHERE id = $1", uid)
 
     r = await client.get("/api/v2/find_user", headers={"apikey": key})

@@ -64,8 +64,12 @@ _OWNER_SQL = f"""
 SELECT coalesce((SELECT array_agg(id::text ORDER BY created, id) FROM user_shared_keys WHERE user_id = $1), '{{}}')
            AS sharedkey_ids,
        coalesce((SELECT array_agg(id::text) FROM (
-                    SELECT id FROM waiting_prompts WHERE user_id = $1 AND $1 <> {users.ANONYMOUS_USER_ID}
-                    ORDER BY created, id LIMIT {MAX_ACTIVE_GENERATIONS}) a), '{{}}') AS active_text
+                    SELECT w.id FROM waiting_prompts w
+                     WHERE w.user_id = $1 AND $1 <> {users.ANONYMOUS_USER_ID}
+                       AND w.active AND NOT w.faulted AND NOT w.cancelled
+                       AND (w.n > 0 OR EXISTS (SELECT 1 FROM processing_gens p WHERE p.wp_id = w.id
+                                               AND NOT p.faulted AND NOT p.fake AND p.generation IS NULL))
+                     ORDER BY w.created, w.id LIMIT {MAX_ACTIVE_GENERATIONS}) a), '{{}}') AS active_text
 """
 
 
