@@ -202,6 +202,45 @@ async def test_cancel_releases_the_hold(client: Any, db: Any) -> None:
     assert await db.fetchval("SELECT count(*) FROM kudos_holds WHERE wp_id = $1", uuid.UUID(rid)) == 0
 
 
+async def test_a_pending_fake_job_does_not_keep_the_hold_at_cancel(client: Any, db: Any) -> None:
+    """A paused worker's fake generation never took a job (docs/native-api.md#workers): a request with only a
+    fake pending is done at its cancel, its hold released, and the fake is in no count of the status."""
+    model = unique_model()
+    paused = await add_chat_worker(db, model, speed=100)
+    _, key = await new_user(db)
+    rid = await queue(client, key, chat_body(model, max_tokens=64, horde={"slow_workers": False}))
+    await db.execute("UPDATE workers SET paused = true WHERE id = $1", paused)
+    fake = await db.fetchval(
+        """
+        INSERT INTO processing_gens (wp_id, worker_id, user_id, model, assigned_model, fake)
+        SELECT $1, w.id, w.user_id, $3, $3, true FROM workers w WHERE w.id = $2
+        RETURNING id
+        """,
+        uuid.UUID(rid),
+        paused,
+        model,
+    )
+    # A faulted fake beside it (its worker faulted it, or its lease lapsed) is no restart either.
+    await db.execute(
+        """
+        INSERT INTO processing_gens (wp_id, worker_id, user_id, model, assigned_model, fake, faulted)
+        SELECT $1, w.id, w.user_id, $3, $3, true, true FROM workers w WHERE w.id = $2
+        """,
+        uuid.UUID(rid),
+        await add_chat_worker(db, model),
+        model,
+    )
+    s = (await client.get(f"/api/v2/generate/chat/status/{rid}")).json()
+    assert (s["processing"], s["restarted"], s["waiting"], s["done"]) == (0, 0, 1, False)
+    assert await db.fetchval("SELECT count(*) FROM kudos_holds WHERE wp_id = $1", uuid.UUID(rid)) == 1
+
+    s = (await client.delete(f"/api/v2/generate/chat/status/{rid}")).json()
+    assert (s["processing"], s["restarted"], s["done"]) == (0, 0, True)
+    assert await db.fetchval("SELECT count(*) FROM kudos_holds WHERE wp_id = $1", uuid.UUID(rid)) == 0
+    row = await db.fetchrow("SELECT faulted, generation FROM processing_gens WHERE id = $1", fake)
+    assert (row["faulted"], row["generation"]) == (False, None)
+
+
 @pytest.mark.parametrize("bad", ["not-a-uuid", str(uuid.uuid4())])
 async def test_unknown_ids_are_404(client: Any, bad: str) -> None:
     for method in ("GET", "DELETE"):

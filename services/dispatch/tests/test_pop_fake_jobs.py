@@ -18,9 +18,13 @@ from typing import Any
 
 import httpx
 import pytest
+from horde.submit.v1 import settlement_pb2, settlement_pb2_grpc
 from horde_core.chat_stream import LeaseField, progress_stream_key, stream_lease_key
+from horde_core.grpc import insecure_channel
 from horde_dispatch.metrics import QUEUE_WAIT_SECONDS
 from horde_dispatch.settings import DispatchSettings
+from horde_janitor.sweeper import Janitor, PassResult
+from horde_store.db import create_pool
 from horde_testing.launcher import ServiceProcess, free_port
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -34,18 +38,28 @@ REPLY = "and they all lived happily ever after, " * 4
 
 
 @pytest.fixture(scope="module")
-def submit_url(horde_settings_env: dict[str, str]) -> Iterator[str]:
-    """A real submit process on this module's stores; its base URL."""
-    port = free_port()
+def submit_process(horde_settings_env: dict[str, str]) -> Iterator[tuple[str, str]]:
+    """A real submit process on this module's stores: its base URL and its Settlement gRPC target."""
+    port, grpc_port = free_port(), free_port()
     env = {
         **horde_settings_env,
         "HORDE_SUBMIT_HTTP_PORT": str(port),
-        "HORDE_SUBMIT_GRPC_PORT": str(free_port()),
+        "HORDE_SUBMIT_GRPC_PORT": str(grpc_port),
         "HORDE_LOG_JSON": "false",
     }
     url = f"http://127.0.0.1:{port}"
     with ServiceProcess("submit", [sys.executable, "-m", "horde_submit"], env, f"{url}/healthz"):
-        yield url
+        yield url, f"127.0.0.1:{grpc_port}"
+
+
+@pytest.fixture(scope="module")
+def submit_url(submit_process: tuple[str, str]) -> str:
+    return submit_process[0]
+
+
+@pytest.fixture(scope="module")
+def settlement_target(submit_process: tuple[str, str]) -> str:
+    return submit_process[1]
 
 
 @pytest.fixture(scope="module")
@@ -88,13 +102,27 @@ async def post(url: str, path: str, body: dict[str, Any], apikey: str) -> httpx.
         return await http.post(path, json=body, headers={"apikey": apikey})
 
 
-async def text_status(admission_url: str, request_id: uuid.UUID) -> dict[str, Any]:
-    """The client's view: admission's ``GET /v2/generate/text/status/{id}`` (asserted 200)."""
+async def text_status(
+    admission_url: str, request_id: uuid.UUID, *, kind: str = "text", method: str = "GET"
+) -> dict[str, Any]:
+    """The client's view: admission's ``GET /v2/generate/text/status/{id}`` (asserted 200); ``kind="chat"``
+    reads the chat route, ``method="DELETE"`` cancels."""
     async with httpx.AsyncClient(base_url=admission_url, trust_env=False, timeout=30) as http:
-        r = await http.get(f"/api/v2/generate/text/status/{request_id}")
+        r = await http.request(method, f"/api/v2/generate/{kind}/status/{request_id}")
     assert r.status_code == 200, r.text
     status: dict[str, Any] = r.json()
     return status
+
+
+async def hold(h: Harness, wp: uuid.UUID, user_id: int, amount: float) -> None:
+    """The upfront kudos hold admission takes for ``wp``."""
+    await h.db.execute(
+        "INSERT INTO kudos_holds (wp_id, user_id, amount) VALUES ($1, $2, $3)", wp, user_id, amount
+    )
+
+
+async def holds(h: Harness, wp: uuid.UUID) -> int:
+    return int(await h.db.fetchval("SELECT count(*) FROM kudos_holds WHERE wp_id = $1", wp))
 
 
 async def worker(
@@ -181,9 +209,12 @@ async def test_paused_worker_gets_fake_jobs_for_others_and_real_ones_for_its_own
     # (it would otherwise loop on it as fast as it can pop), though the request is still queued.
     r = await h.pop(paused_key, text_body("w-paused"))
     assert (r.status_code, r.json()["id"]) == (200, None), r.text
-    assert await h.db.fetchval(
-        "SELECT count(*) FROM processing_gens WHERE wp_id = $1 AND worker_id = $2", wp, paused_id
-    ) == 1
+    assert (
+        await h.db.fetchval(
+            "SELECT count(*) FROM processing_gens WHERE wp_id = $1 AND worker_id = $2", wp, paused_id
+        )
+        == 1
+    )
     assert await h.db.fetchval("SELECT n FROM waiting_prompts WHERE id = $1", wp) == 1
 
     # A real worker still takes the other request, and takes it for real.
@@ -256,6 +287,139 @@ async def test_a_faulted_fake_job_does_not_requeue_the_request(h: Harness, submi
     # n stays 1 (the fake never took the job), and the worker's dropped-job counter is untouched.
     assert await h.db.fetchval("SELECT n FROM waiting_prompts WHERE id = $1", wp) == 1
     assert await h.db.fetchval("SELECT aborted_jobs FROM workers WHERE id = $1", paused_id) == 0
+
+
+async def test_faulted_fake_jobs_neither_restart_nor_fault_the_request(
+    h: Harness, submit_url: str, settlement_target: str, admission_url: str
+) -> None:
+    """Three paused workers fault their fake jobs of one request, one by a faulted submit (with a known fault
+    reason), one by a lapsed lease faulted through submit's FaultGeneration, one by a lapsed lease the janitor's
+    sweep finds: past FAULTED_GENERATIONS_LIMIT had they been real. Each is only marked faulted: no restart (n
+    stays 1), no request fault, no fault reason on the request, no worker counter, no hold released or taken,
+    no ``restarted`` in the client's status; a real worker then serves the request as if nothing happened."""
+    names = [f"w-paused-fault-{i}" for i in range(3)]
+    created = [await worker(h, name, h.chat_body(name), paused=True) for name in names]
+    _, real_key, real_id = await worker(h, "w-real-after-fakes", h.chat_body("w-real-after-fakes"))
+    requester, _ = await h.user(kudos=1000)
+    wp = await h.request(user_id=requester, max_length=300)
+    await hold(h, wp, requester, 12.0)
+    paused: list[tuple[str, uuid.UUID, uuid.UUID]] = []
+    for name, (_, key, worker_id) in zip(names, created, strict=True):
+        r = await h.pop(key, h.chat_body(name))
+        assert r.status_code == 200 and r.json()["id"] is not None, r.text
+        paused.append((key, worker_id, uuid.UUID(r.json()["id"])))
+    fakes = [gen for _, _, gen in paused]
+    workers = [worker_id for _, worker_id, _ in paused]
+    counters_sql = """
+        SELECT aborted_jobs, uncompleted_jobs, nonconformant_replies, last_aborted_job, maintenance
+          FROM workers WHERE id = ANY($1) ORDER BY id
+    """
+    counters_before = [tuple(c) for c in await h.db.fetch(counters_sql, workers)]
+    assert [c[:3] + c[4:] for c in counters_before] == [(0, 0, 0, False)] * 3
+    assert await h.db.fetchval("SELECT count(*) FROM processing_gens WHERE id = ANY($1) AND fake", fakes) == 3
+    assert await h.db.fetchval("SELECT n FROM waiting_prompts WHERE id = $1", wp) == 1
+
+    # 1. A faulted submit, with a known fault reason.
+    body = {
+        "id": str(fakes[0]),
+        "state": "faulted",
+        "model_id": CHAT_MODEL,
+        "fault_reason": "generation_error",
+    }
+    r = await post(submit_url, SUBMIT, body, paused[0][0])
+    assert (r.status_code, r.json()) == (200, {"reward": 0})
+
+    # 2. and 3. Lapsed leases: one faulted through FaultGeneration, the other found by the janitor's sweep.
+    await h.db.execute(
+        "UPDATE processing_gens SET started_at = now() - interval '1 hour' WHERE id = ANY($1)", fakes[1:]
+    )
+    channel = insecure_channel(settlement_target)
+    pool = await create_pool(h.settings.database_url)
+    try:
+        stub = settlement_pb2_grpc.SettlementServiceStub(channel)
+        response = await stub.FaultGeneration(
+            settlement_pb2.FaultGenerationRequest(
+                generation_id=str(fakes[1]), cause=settlement_pb2.FAULT_CAUSE_LEASE_LAPSED
+            ),
+            timeout=10,
+        )
+        assert (response.faulted, response.request_faulted) == (True, False)
+        swept = PassResult()
+        await Janitor(pool, None, stub, grpc_timeout=10.0).fault_stale(swept)
+        assert (swept.stale_found, swept.stale_faulted, swept.requests_faulted) == (1, 1, 0)
+    finally:
+        await pool.close()
+        await channel.close()
+
+    gens = await h.db.fetch(
+        "SELECT faulted, fake, generation, kudos FROM processing_gens WHERE id = ANY($1)", fakes
+    )
+    assert [tuple(g) for g in gens] == [(True, True, None, 0.0)] * 3
+    row = await h.db.fetchrow(
+        "SELECT n, jobs, faulted, cancelled, chat_fault_reason, chat_fault_rc FROM waiting_prompts WHERE id = $1",
+        wp,
+    )
+    assert tuple(row) == (1, 1, False, False, None, None)
+    assert [tuple(c) for c in await h.db.fetch(counters_sql, workers)] == counters_before
+    assert await holds(h, wp) == 1
+    status = await text_status(admission_url, wp, kind="chat")
+    assert {k: status[k] for k in ("finished", "processing", "restarted", "waiting", "done", "faulted")} == {
+        "finished": 0,
+        "processing": 0,
+        "restarted": 0,
+        "waiting": 1,
+        "done": False,
+        "faulted": False,
+    }
+
+    # A real worker still gets the request's one job, and its reply completes it.
+    r = await h.pop(real_key, h.chat_body("w-real-after-fakes"))
+    assert r.status_code == 200 and r.json()["id"] is not None, r.text
+    real_gen = uuid.UUID(r.json()["id"])
+    real_row = await h.db.fetchrow("SELECT wp_id, fake FROM processing_gens WHERE id = $1", real_gen)
+    assert (real_row["wp_id"], real_row["fake"]) == (wp, False)
+    assert await h.db.fetchval("SELECT n FROM waiting_prompts WHERE id = $1", wp) == 0
+    reply = {
+        "id": str(real_gen),
+        "model_id": CHAT_MODEL,
+        "message": {"role": "assistant", "content": "Hi there"},
+        "finish_reason": "stop",
+    }
+    r = await post(submit_url, SUBMIT, reply, real_key)
+    assert r.status_code == 200 and r.json()["reward"] > 0, r.text
+    status = await text_status(admission_url, wp, kind="chat")
+    assert (status["finished"], status["restarted"], status["done"], status["faulted"]) == (1, 0, True, False)
+    assert [g["worker_id"] for g in status["generations"]] == [str(real_id)]
+    assert await holds(h, wp) == 0
+    assert await h.db.fetchval("SELECT n FROM waiting_prompts WHERE id = $1", wp) == 0
+
+
+async def test_a_cancel_with_only_a_fake_job_pending_releases_the_hold(
+    h: Harness, submit_url: str, admission_url: str
+) -> None:
+    """A fake job never took a job: a cancel finds nothing in flight, so the request is done and its hold
+    released at once, not at expiry; the fake's later submit changes nothing."""
+    _, paused_key, _ = await worker(h, "w-paused-cancel", text_body("w-paused-cancel"), paused=True)
+    requester, _ = await h.user(kudos=1000)
+    wp = await h.request(user_id=requester, is_chat=False, models=[TEXT_MODEL], max_length=100)
+    await hold(h, wp, requester, 7.0)
+    r = await h.pop(paused_key, text_body("w-paused-cancel"))
+    fake_id = uuid.UUID(r.json()["id"])
+    assert await h.db.fetchval("SELECT fake FROM processing_gens WHERE id = $1", fake_id) is True
+
+    status = await text_status(admission_url, wp, method="DELETE")
+    assert (status["processing"], status["waiting"], status["done"]) == (0, 0, True)
+    assert await holds(h, wp) == 0
+    row = await h.db.fetchrow("SELECT n, cancelled FROM waiting_prompts WHERE id = $1", wp)
+    assert tuple(row) == (0, True)
+
+    balance = await h.db.fetchval("SELECT kudos FROM users WHERE id = $1", requester)
+    r = await post(submit_url, SUBMIT, {"id": str(fake_id), "generation": REPLY}, paused_key)
+    assert r.status_code == 200, r.text
+    assert await h.db.fetchval("SELECT kudos FROM users WHERE id = $1", requester) == balance
+    assert await holds(h, wp) == 0
+    status = await text_status(admission_url, wp)
+    assert (status["finished"], status["processing"], status["done"]) == (0, 0, True)
 
 
 async def test_a_streamed_fake_chat_job_has_a_fake_lease_whose_posts_are_not_appended(

@@ -125,7 +125,9 @@ async def test_only_a_moderator_pauses_and_a_moderator_may_set_everything(h: Har
         "checked",
         "Mod Named",
     )
-    assert (await h.client.get(f"/api/v2/workers/{worker_id}")).json()["paused"] is True
+    # paused is shown to a moderator (or the owner) only: docs/native-api.md#worker-details.
+    details = (await h.client.get(f"/api/v2/workers/{worker_id}", headers={"apikey": mod})).json()
+    assert details["paused"] is True
     r = await put(h, worker_id, mod, {"paused": False})
     assert (r.status_code, r.json()) == (200, {"paused": False})
     assert (await stored(h, worker_id))["paused"] is False

@@ -420,7 +420,7 @@ FROM waiting_prompts w
 LEFT JOIN LATERAL (
     SELECT count(*) FILTER (WHERE NOT p.fake AND NOT p.faulted AND p.generation IS NOT NULL) AS finished,
            count(*) FILTER (WHERE NOT p.fake AND NOT p.faulted AND p.generation IS NULL) AS processing,
-           count(*) FILTER (WHERE p.faulted) AS restarted
+           count(*) FILTER (WHERE NOT p.fake AND p.faulted) AS restarted
     FROM processing_gens p WHERE p.wp_id = w.id
 ) g ON true
 WHERE w.id = $1 AND w.is_chat = $2
@@ -453,7 +453,8 @@ async def cancel_request(conn: Conn, request_id: uuid.UUID, is_chat: bool) -> bo
     """Claim the cancellation: ``n = 0``, ``cancelled = true``. None when the row does not exist.
 
     Returns True when this call claimed it (the row was not cancelled yet). The upfront hold is released when
-    nothing is in flight, since the request is then done.
+    nothing is in flight (a paused worker's fake generation does not count: it never took a job), since the
+    request is then done.
     """
     async with conn.transaction():
         row = await conn.fetchrow(
@@ -477,7 +478,7 @@ async def cancel_request(conn: Conn, request_id: uuid.UUID, is_chat: bool) -> bo
                 """
                 DELETE FROM kudos_holds h WHERE h.wp_id = $1 AND NOT EXISTS (
                     SELECT 1 FROM processing_gens p
-                    WHERE p.wp_id = $1 AND NOT p.faulted AND p.generation IS NULL
+                    WHERE p.wp_id = $1 AND NOT p.faulted AND NOT p.fake AND p.generation IS NULL
                 )
                 """,
                 request_id,

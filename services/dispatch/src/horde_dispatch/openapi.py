@@ -93,6 +93,14 @@ def answer_schemas() -> dict[str, Any]:
             "models": {"type": "array", "items": STRING},
             "accepts_chat_jobs": {"type": "boolean"},
             "accepts_prompt_jobs": {"type": "boolean"},
+            "paused": {
+                "type": "boolean",
+                "description": "Only for the worker's owner or a moderator (their apikey); absent otherwise.",
+            },
+            "suspicious": {
+                "type": "integer",
+                "description": "Only for the worker's owner or a moderator (their apikey); absent otherwise.",
+            },
         },
         ["name", "id"],
     )
@@ -136,6 +144,13 @@ POP_ERRORS = {
     "429": "RateLimitExceeded",
 }
 WORKER_ERRORS = {"404": "WorkerNotFound", "429": "RateLimitExceeded"}
+#: The optional key of the details reads (upstream's details_privilege): no key and an unknown key read the same.
+DETAILS_APIKEY = header(
+    "apikey",
+    "Optional. The worker owner's or a moderator's API key adds paused and suspicious (every worker's for a "
+    "moderator, the owner's own otherwise); without one, or with any other key, they are absent. An unknown key is "
+    "no error.",
+)
 
 
 def operations() -> list[NativeOperation]:
@@ -163,6 +178,7 @@ def operations() -> list[NativeOperation]:
             "name picks the one of that name, compared case-insensitively (type is then ignored); otherwise "
             "type other than text lists none."
         ),
+        headers=(DETAILS_APIKEY,),
         answers={"200": Answer("The workers.", "WorkerList")},
         errors={"400": "BadRequest (a malformed query parameter)", "429": "RateLimitExceeded"},
     )
@@ -172,6 +188,7 @@ def operations() -> list[NativeOperation]:
             path=f"/api/v2/workers/{key}",
             summary=f"A worker's details by {by}",
             description="One worker's details, with the chat declaration of its last pop.",
+            headers=(DETAILS_APIKEY,),
             answers={"200": Answer("The worker.", "WorkerDetails")},
             errors=WORKER_ERRORS,
         )

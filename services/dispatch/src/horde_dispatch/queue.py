@@ -16,7 +16,8 @@ the few matches; the priority page reads ``ix_waiting_prompts_user_id``.
 A paused worker (docs/native-api.md#workers) picks its request exactly as an unpaused one would. Its owner's
 request is a real job; any other request gets one fake generation (``processing_gens.fake``), once per
 request and worker: the request's n and expiry are left alone, so real workers still take it, and submit
-neither pays nor delivers the reply.
+neither pays nor delivers the reply; its fault (submitted or lapsed) is only marked: no restart, no worker
+counter, no count toward the request's fault, and a pending fake holds no kudos hold (nothing real in flight).
 On the wire a fake job is the real payload, so the worker cannot tell (upstream's countermeasure).
 """
 

@@ -1,6 +1,7 @@
 """``GET /v2/workers``, ``/v2/workers/{id}``, ``/v2/workers/name/{name}``: worker details with the chat
 declaration of the last pop (docs/native-api.md#worker-details; details are read fresh, the 30 s
-cache the spec allows is not used); ``PUT /v2/workers/{id}``: the owner's or a moderator's changes
+cache the spec allows is not used; ``paused`` and ``suspicious`` only for the owner's or a moderator's
+``apikey``); ``PUT /v2/workers/{id}``: the owner's or a moderator's changes
 (docs/native-api.md#modify-worker, :mod:`horde_dispatch.worker_update`)."""
 
 from __future__ import annotations
@@ -11,12 +12,22 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 
 from .state import DispatchState, get_state
 from .worker_update import modify_worker, read_modify_body
-from .workers import get_worker_by_id, get_worker_by_name, list_workers
+from .workers import DetailsViewer, details_viewer, get_worker_by_id, get_worker_by_name, list_workers
 
 router = APIRouter(tags=["workers"])
 
 #: Longest ``name`` query matched (a worker name has at most 100 characters); a longer one finds none.
 MAX_NAME_QUERY = 100
+
+#: The optional key of a details read: the owner's or a moderator's shows ``paused`` and ``suspicious``.
+DetailsKey = Annotated[
+    str | None,
+    Header(description="Optional: the worker owner's or a moderator's API key shows paused and suspicious"),
+]
+
+
+async def _viewer(state: DispatchState, apikey: str | None) -> DetailsViewer:
+    return await details_viewer(state.pool, apikey, state.settings.secret_key)
 
 
 @router.get("/v2/workers")
@@ -29,31 +40,37 @@ async def workers(
         str | None,
         Query(description="only the worker with this name (case-insensitive); type is then ignored"),
     ] = None,
+    apikey: DetailsKey = None,
 ) -> list[dict[str, Any]]:
     """Details of every online worker (checked in within 300 s), as upstream lists only active workers. With
     ``name``, the online worker of that name compared case-insensitively (``type`` is then not applied, as
-    upstream); otherwise ``type`` other than text lists none."""
+    upstream); otherwise ``type`` other than text lists none. ``paused`` and ``suspicious`` only on the
+    workers the ``apikey``'s user owns, or on every one for a moderator."""
     if name is not None:
         if len(name) > MAX_NAME_QUERY:
             return []
-        return await list_workers(state.pool, name)
+        return await list_workers(state.pool, name, await _viewer(state, apikey))
     if type is not None and type != "text":
         return []
-    return await list_workers(state.pool)
+    return await list_workers(state.pool, viewer=await _viewer(state, apikey))
 
 
 @router.get("/v2/workers/name/{worker_name}")
 async def worker_by_name(
-    worker_name: str, state: Annotated[DispatchState, Depends(get_state)]
+    worker_name: str, state: Annotated[DispatchState, Depends(get_state)], apikey: DetailsKey = None
 ) -> dict[str, Any]:
-    """One worker's details by name; 404 WorkerNotFound."""
-    return await get_worker_by_name(state.pool, worker_name)
+    """One worker's details by name (``paused``, ``suspicious`` for its owner or a moderator); 404
+    WorkerNotFound."""
+    return await get_worker_by_name(state.pool, worker_name, await _viewer(state, apikey))
 
 
 @router.get("/v2/workers/{worker_id}")
-async def worker_by_id(worker_id: str, state: Annotated[DispatchState, Depends(get_state)]) -> dict[str, Any]:
-    """One worker's details by id; 404 WorkerNotFound."""
-    return await get_worker_by_id(state.pool, worker_id)
+async def worker_by_id(
+    worker_id: str, state: Annotated[DispatchState, Depends(get_state)], apikey: DetailsKey = None
+) -> dict[str, Any]:
+    """One worker's details by id (``paused``, ``suspicious`` for its owner or a moderator); 404
+    WorkerNotFound."""
+    return await get_worker_by_id(state.pool, worker_id, await _viewer(state, apikey))
 
 
 @router.put("/v2/workers/{worker_id}")

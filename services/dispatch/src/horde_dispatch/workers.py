@@ -39,6 +39,7 @@ from horde_contract import ONLINE_WORKER_SECONDS, RC, ChatDeclaration, TextModel
 from horde_contract.bridges import UPTIME_REWARD_SECONDS, uptime_reward
 from horde_contract.errors import HordeError
 from horde_contract.refusals import worker_not_found_error, wrong_credentials_error
+from horde_store import users
 from horde_store.db import Conn, ConnOrPool
 
 from .pop_body import PopBody
@@ -349,7 +350,7 @@ async def _upsert(
 # --- Worker details (GET /v2/workers, /v2/workers/{id}, /v2/workers/name/{name}) ---------------------------
 
 _DETAILS_COLUMNS = f"""
-    w.id, w.name, w.info, w.created, w.last_check_in, w.bridge_agent, w.threads, w.max_length,
+    w.id, w.user_id, w.name, w.info, w.created, w.last_check_in, w.bridge_agent, w.threads, w.max_length,
     w.max_context_length, w.speed, w.kudos, w.uptime_kudos, w.contributions, w.fulfilments, w.uncompleted_jobs,
     w.uptime,
     w.paused, w.maintenance, w.maintenance_msg, w.nsfw, w.models, w.accepts_chat_jobs, w.accepts_prompt_jobs,
@@ -360,12 +361,44 @@ _DETAILS_COLUMNS = f"""
 """
 
 
-def worker_details(row: asyncpg.Record | dict[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class DetailsViewer:
+    """Who reads worker details: the user of the ``apikey`` header (None without one, for an unknown key, a
+    shared key, the anonymous key or a deleted user) and whether that user is a moderator."""
+
+    user_id: int | None = None
+    moderator: bool = False
+
+    def privileged(self, owner_id: int) -> bool:
+        """Whether this viewer sees a worker's ``paused`` and ``suspicious``: its owner or a moderator."""
+        return self.moderator or (self.user_id is not None and self.user_id == owner_id)
+
+
+#: The viewer without a (usable) key: sees no privileged field.
+ANONYMOUS_VIEWER = DetailsViewer()
+
+
+async def details_viewer(conn: ConnOrPool, apikey: str | None, salt: str) -> DetailsViewer:
+    """Resolve the optional ``apikey`` of a details read (upstream's ``details_privilege``). A missing or
+    unknown key is no error, as upstream: it reads what anyone reads. A shared key is a spending key, never a
+    user's credential here (as on pop and PUT), so it resolves to no one either."""
+    if not apikey:
+        return ANONYMOUS_VIEWER
+    user = await users.authenticate(conn, apikey, salt, shared_keys=False)
+    if user is None or user.is_anonymous or user.deleted:
+        return ANONYMOUS_VIEWER
+    return DetailsViewer(user_id=int(user.id), moderator=bool(user.moderator))
+
+
+def worker_details(row: asyncpg.Record | dict[str, Any], *, privileged: bool = False) -> dict[str, Any]:
     """The text worker details (upstream WorkerDetails for ``type: text``) plus the chat declaration.
 
     ``accepts_chat_jobs``/``accepts_prompt_jobs`` are the last pop's chat_jobs/prompt_jobs; ``chat`` mirrors
     its chat fields (features and image_transports: recognised names only, sorted) and is absent when the
     worker does not accept chat jobs; ``nonconformant_replies`` counts replies refused as nonconformant.
+    ``paused`` and ``suspicious`` are only for a ``privileged`` viewer (the owner or a moderator, as upstream's
+    details_privilege) and absent otherwise: a paused worker's fake jobs (docs/native-api.md#workers) only work
+    while nobody else can tell it is paused.
     See docs/native-api.md#worker-details, #refusal-record.
     """
     speed = row["speed"]
@@ -387,12 +420,10 @@ def worker_details(row: asyncpg.Record | dict[str, Any]) -> dict[str, Any]:
         "uptime": int(row["uptime"]),
         "uncompleted_jobs": int(row["uncompleted_jobs"]),
         "maintenance_mode": bool(row["maintenance"]),
-        "paused": bool(row["paused"]),
         "info": row["info"],
         "nsfw": bool(row["nsfw"]),
         "trusted": bool(row["trusted"]),
         "flagged": bool(row["flagged"]),
-        "suspicious": 1 if row["suspicious"] else 0,
         "bridge_agent": row["bridge_agent"],
         "max_length": int(row["max_length"]),
         "max_context_length": int(row["max_context_length"]),
@@ -402,6 +433,9 @@ def worker_details(row: asyncpg.Record | dict[str, Any]) -> dict[str, Any]:
         "accepts_prompt_jobs": bool(row["accepts_prompt_jobs"]),
         "nonconformant_replies": int(row["nonconformant_replies"]),
     }
+    if privileged:
+        details["paused"] = bool(row["paused"])
+        details["suspicious"] = 1 if row["suspicious"] else 0
     if row["accepts_chat_jobs"]:
         declaration = ChatDeclaration(
             accepts_chat_jobs=True,
@@ -417,10 +451,12 @@ def worker_details(row: asyncpg.Record | dict[str, Any]) -> dict[str, Any]:
     return details
 
 
-async def list_workers(conn: ConnOrPool, name: str | None = None) -> list[dict[str, Any]]:
+async def list_workers(
+    conn: ConnOrPool, name: str | None = None, viewer: DetailsViewer = ANONYMOUS_VIEWER
+) -> list[dict[str, Any]]:
     """Details of every online worker (checked in within 300 s), optionally only those whose name equals
     ``name`` case-insensitively (upstream's ``name`` query; names themselves are compared exactly, so
-    ``Alpha`` and ``alpha`` may both be listed)."""
+    ``Alpha`` and ``alpha`` may both be listed), each as ``viewer`` may see it."""
     if name is not None and "\x00" in name:
         return []  # PostgreSQL text cannot hold NUL, and no worker name does
     rows = await conn.fetch(
@@ -433,11 +469,14 @@ async def list_workers(conn: ConnOrPool, name: str | None = None) -> list[dict[s
         """,
         name,
     )
-    return [worker_details(r) for r in rows]
+    return [worker_details(r, privileged=viewer.privileged(r["user_id"])) for r in rows]
 
 
-async def get_worker_by_id(conn: ConnOrPool, worker_id: str) -> dict[str, Any]:
-    """Details of one worker by id; 404 WorkerNotFound for an unknown or malformed id."""
+async def get_worker_by_id(
+    conn: ConnOrPool, worker_id: str, viewer: DetailsViewer = ANONYMOUS_VIEWER
+) -> dict[str, Any]:
+    """Details of one worker by id, as ``viewer`` may see it; 404 WorkerNotFound for an unknown or malformed
+    id."""
     try:
         wid = uuid.UUID(worker_id)
     except ValueError:
@@ -447,11 +486,13 @@ async def get_worker_by_id(conn: ConnOrPool, worker_id: str) -> dict[str, Any]:
     )
     if row is None:
         raise worker_not_found_error(worker_id)
-    return worker_details(row)
+    return worker_details(row, privileged=viewer.privileged(row["user_id"]))
 
 
-async def get_worker_by_name(conn: ConnOrPool, name: str) -> dict[str, Any]:
-    """Details of one worker by name; 404 WorkerNotFound when none has that name."""
+async def get_worker_by_name(
+    conn: ConnOrPool, name: str, viewer: DetailsViewer = ANONYMOUS_VIEWER
+) -> dict[str, Any]:
+    """Details of one worker by name, as ``viewer`` may see it; 404 WorkerNotFound when none has that name."""
     if "\x00" in name:
         raise worker_not_found_error(name.replace("\x00", "\ufffd"))
     row = await conn.fetchrow(
@@ -459,4 +500,4 @@ async def get_worker_by_name(conn: ConnOrPool, name: str) -> dict[str, Any]:
     )
     if row is None:
         raise worker_not_found_error(name)
-    return worker_details(row)
+    return worker_details(row, privileged=viewer.privileged(row["user_id"]))

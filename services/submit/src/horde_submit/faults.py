@@ -2,8 +2,10 @@
 docs/native-api.md#submit, #job-lease; docs/native-api.md#expiry, #text-route).
 
 A fault and the job's restart commit together; the request faults once more than FAULTED_GENERATIONS_LIMIT (2)
-of its generations faulted, and a chat request then publishes ``faulted`` with its stored fault reason and rc,
+of its real generations faulted, and a chat request then publishes ``faulted`` with its stored fault reason and rc,
 after the commit. A restarted job is announced to the waiting pops after the commit (docs/worker-guide.md#long-poll).
+A paused worker's fake generation is only marked faulted (no restart, no worker counter, no request fault; see
+docs/native-api.md#workers).
 """
 
 from __future__ import annotations

@@ -163,22 +163,27 @@ async def load_context(conn: Conn, generation_id: uuid.UUID) -> GenerationContex
 
 # --- Refusal and worker-fault records (each in its own commit) -----------------------------------------
 
+# A fake generation's refusal is kept on the generation only: a paused worker writes nothing on another user's
+# request (docs/native-api.md#workers).
 _RECORD_REFUSAL_SQL = """
 WITH g AS (
     UPDATE processing_gens SET chat_refusal_rc = $2
      WHERE id = $1 AND generation IS NULL AND NOT faulted
-    RETURNING wp_id
+    RETURNING wp_id, fake
+), wp AS (
+    UPDATE waiting_prompts wp SET chat_fault_reason = $3, chat_fault_rc = $2
+      FROM g WHERE wp.id = g.wp_id AND NOT g.fake
+    RETURNING wp.id
 )
-UPDATE waiting_prompts wp SET chat_fault_reason = $3, chat_fault_rc = $2
-  FROM g WHERE wp.id = g.wp_id
-RETURNING wp.id
+SELECT wp_id FROM g
 """
 
 
 async def record_chat_refusal(conn: Conn, generation_id: uuid.UUID, rc: str, message: str) -> bool:
     """Store a refused reply (docs/native-api.md#refusal-record): the request's chat_fault_reason
     (cut to 1000 characters) and chat_fault_rc, and the generation's chat_refusal_rc, in one statement that
-    writes only while the generation is pending. True when it wrote."""
+    writes only while the generation is pending (a fake generation's only on the generation). True when it
+    wrote."""
     row = await conn.fetchrow(_RECORD_REFUSAL_SQL, generation_id, rc, message[:MAX_CHAT_FAULT_REASON_LENGTH])
     return row is not None
 
@@ -187,14 +192,14 @@ _RECORD_WORKER_FAULT_SQL = """
 UPDATE waiting_prompts wp SET chat_fault_reason = $2, chat_fault_rc = $3
   FROM processing_gens g
  WHERE g.id = $1 AND wp.id = g.wp_id
-   AND g.generation IS NULL AND NOT g.faulted AND g.chat_refusal_rc IS NULL
+   AND g.generation IS NULL AND NOT g.faulted AND g.chat_refusal_rc IS NULL AND NOT g.fake
 RETURNING wp.id
 """
 
 
 async def record_chat_worker_fault(conn: Conn, generation_id: uuid.UUID, message: str, rc: str) -> bool:
     """Store a worker's known fault reason on the request (docs/native-api.md#worker-fault-reasons), only while the
-    generation is pending and no refusal of its reply was stored. True when it wrote."""
+    generation is pending, not a fake one, and no refusal of its reply was stored. True when it wrote."""
     row = await conn.fetchrow(
         _RECORD_WORKER_FAULT_SQL, generation_id, message[:MAX_CHAT_FAULT_REASON_LENGTH], rc
     )
@@ -514,12 +519,13 @@ SELECT g.wp_id, g.fake, g.over_capacity_at_assignment, wp.is_chat, wp.stream_pro
   LEFT JOIN users u ON u.id = worker.user_id
 """
 
-# Fresh snapshot after the fault: faults the request once more than FAULTED_GENERATIONS_LIMIT of its
-# generations faulted (fakes included, as upstream counts them). Concurrent faults of one request serialize on
-# the request row the fault statement updated.
+# Fresh snapshot after the fault: faults the request once more than FAULTED_GENERATIONS_LIMIT of its real
+# generations faulted. A paused worker's fake generations never count (upstream counts them, which lets a paused
+# worker fault anyone's request), nor does the fault of a fake run this statement. Concurrent faults of one
+# request serialize on the request row the fault statement updated.
 _FAULT_REQUEST_SQL = """
 WITH counts AS (
-    SELECT count(*) FILTER (WHERE faulted) AS faulted_gens,
+    SELECT count(*) FILTER (WHERE faulted AND NOT fake) AS faulted_gens,
            count(*) FILTER (WHERE generation IS NOT NULL AND NOT faulted AND NOT fake) AS finished
       FROM processing_gens WHERE wp_id = $1
 ), flip AS (
@@ -536,8 +542,12 @@ SELECT (SELECT count(*) FROM flip) > 0 AS request_faulted,
 
 async def fault_and_restart(conn: Conn, generation_id: uuid.UUID) -> FaultResult:
     """Fault a pending generation and restart its job (``n += 1``) unless its request was cancelled or
-    faulted (or the generation was a fake one, which never took a job), update the worker's counters, and fault the request past FAULTED_GENERATIONS_LIMIT; all inside the
+    faulted, update the worker's counters, and fault the request past FAULTED_GENERATIONS_LIMIT; all inside the
     caller's transaction, so the fault and the restart commit together.
+
+    A fake generation (a paused worker's, docs/native-api.md#workers) is only marked faulted, whether its worker
+    submitted the fault or its lease lapsed: it never took a job from n, so nothing is restarted, no worker
+    counter moves, and it counts toward no request fault.
 
     Worker counters (docs/native-api.md#refusal-record): a generation whose reply was refused as
     ChatSubmitNonconformant increments nonconformant_replies; any other increments aborted_jobs (the hourly
@@ -554,6 +564,14 @@ async def fault_and_restart(conn: Conn, generation_id: uuid.UUID) -> FaultResult
     )
     if row is None:
         return FaultResult(faulted=False)
+    if row["fake"]:
+        return FaultResult(
+            faulted=True,
+            wp_id=row["wp_id"],
+            is_chat=bool(row["is_chat"]),
+            max_length=int(row["max_length"] or 0),
+            worker_trusted=bool(row["worker_trusted"]),
+        )
     after = await conn.fetchrow(_FAULT_REQUEST_SQL, row["wp_id"], FAULTED_GENERATIONS_LIMIT)
     assert after is not None
     return FaultResult(

@@ -2,7 +2,7 @@
 
 - ``FaultGeneration``: fault a pending generation (a lapsed lease, from the janitor), restart its job unless its
   request was cancelled, fault the request past FAULTED_GENERATIONS_LIMIT and publish ``faulted`` (see
-  docs/native-api.md#job-lease, #submit). Idempotent: a generation that is no longer pending answers ``faulted=false``.
+  docs/native-api.md#job-lease, #submit); a fake generation is only marked faulted (docs/native-api.md#workers). Idempotent: a generation that is no longer pending answers ``faulted=false``.
   A pending generation of a cancelled streamed request is not faulted as a dropped job: it is settled as
   cancelled on its posted content, as the cancel would have settled it, and answers ``faulted=false`` (the
   cancel's settlement call failed, and the lease lapsed after the worker stopped as it was told).

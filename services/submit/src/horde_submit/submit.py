@@ -434,9 +434,10 @@ class Submitter:
     async def _fault(self, parsed: SubmitBody, ctx: gens.GenerationContext) -> dict[str, Any]:
         """A faulted submit (docs/native-api.md#worker-fault-reasons, #submit): 200 ``{"reward": 0}``.
 
-        Only a pending generation is faulted (restart, worker counters, the request's fault past the limit); one
-        that is no longer pending (faulted, stored, or settled as cancelled at its request's cancel, possibly
-        just now by :meth:`_settle_if_cancelled`) is left as it is and counts toward no worker counter."""
+        Only a pending generation is faulted (restart, worker counters, the request's fault past the limit; a
+        fake one is only marked faulted, its fault reason not stored on the request); one that is no longer
+        pending (faulted, stored, or settled as cancelled at its request's cancel, possibly just now by
+        :meth:`_settle_if_cancelled`) is left as it is and counts toward no worker counter."""
         reason = parsed.fault_reason if ctx.is_chat and isinstance(parsed, ChatSubmit) else None
         if ctx.is_chat:
             # Counted before the fault is applied, so a repeated fault submit is counted again.
