@@ -11,11 +11,14 @@ from horde_contract.errors import RC
 from horde_contract.moderation import (
     DEFAULT_REPLACEMENT_RULES,
     MAX_REPLACEMENT_RULES,
+    FilterBudgetExceeded,
     ReplacementFilter,
     corrupt_prompt_error,
     emptied,
+    filter_budget_error,
     filter_messages,
     is_blank,
+    matching_view,
     message_texts,
 )
 from horde_contract.operator_controls import (
@@ -65,11 +68,100 @@ def test_the_default_list_is_ours_and_bounded() -> None:
     assert all(isinstance(p, str) and isinstance(r, str) for p, r in DEFAULT_REPLACEMENT_RULES)
 
 
-def test_rules_apply_in_order_case_insensitively_and_literally() -> None:
-    flt = ReplacementFilter([("cat", "dog"), ("DOG", r"wolf\1 $1"), ("^\\s+$", "")])
-    assert flt.apply("Cat and dog") == r"wolf\1 $1 and wolf\1 $1"
+def test_rules_run_as_one_pass_case_insensitively_and_literally() -> None:
+    # One pass: a replacement is not scanned again, and where two rules match at one place the first wins.
+    flt = ReplacementFilter([("cat", "dog"), ("DOG", r"wolf\1 $1"), ("^\\s+$", ""), ("(c)(a)t(s)", "x")])
+    assert flt.apply("Cat and dog") == r"dog and wolf\1 $1"
+    assert flt.apply("cats") == "dogs"
     assert flt.apply("   ") == ""
     assert ReplacementFilter([]).apply("anything") == "anything"
+    # A rule with groups of its own does not shift which replacement the next rule gets.
+    grouped = ReplacementFilter([("(a)(b)", "1"), ("(c)", "2"), ("d", "3")])
+    assert grouped.apply("ab c d") == "1 2 3"
+    # Empty matches advance (one per character boundary).
+    assert ReplacementFilter([("x*", "-")]).apply("ab") == "-a-b-"
+    # Which rule won depends on the match's context (\b, ^, $), not only on its text.
+    context = ReplacementFilter([(r"\bab", "X"), ("^cd", "S"), ("(?m)^ef", "M"), ("ab|cd|ef", "y")])
+    assert context.apply("cd ab cab cd xcd ef\nef") == "S X cy y xy y\nM"
+    # A pattern that compiles alone but would swallow the others when joined is refused.
+    with pytest.raises(ValueError, match="together"):
+        ReplacementFilter([(r"\Qa", "x"), ("b", "y")])
+
+
+def test_many_rules_cost_one_search_per_match() -> None:
+    rules = [(rf"\bword{i}\b", f"w{i}") for i in range(MAX_REPLACEMENT_RULES - 1)] + [("kid", "adult")]
+    flt = ReplacementFilter(rules)
+    assert flt.apply("word7 kid word198 word1000") == "w7 adult w198 word1000"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("ｌｏｌｉ", ""),  # fullwidth letters (NFKC)
+        ("a ｌｏｌｉ scene", "a  scene"),
+        ("lo\u00adli", ""),  # soft hyphen (Cf)
+        ("lo\u200bli and a ki\u200dd", " and a adult"),  # zero-width space, joiner (Cf)
+        ("\ufeffKID", "adult"),  # a BOM before the word
+        ("KİD", "adult"),  # dotted capital I: a Latin letter with a mark
+        ("KI\u0307D and k\u0301id", "adult and adult"),  # combining marks, decomposed
+        ("a lólí", "a "),
+        ("loli_chan", "_chan"),  # _ separates words
+        ("my_kid_sister", "my_adult_sister"),
+        ("a little-girl", "a woman"),
+        ("a school-girl and a school_boy", "a woman and a man"),
+        ("the little   girls", "the women"),
+        ("she is 12 y.o. today", "she is adult today"),
+        ("she is 12 y.o.", "she is adult"),
+        ("she is 12y.o", "she is adult"),
+        ("she is 12yrs", "she is adult"),
+        ("she is 12yr, he 9years", "she is adult, he adult"),
+        ("she is １２ years old", "she is adult"),  # fullwidth digits
+        ("she is 12_years_old", "she is adult"),
+        ("ＫＩＤＳ", "adults"),
+        ("ﬁne kid", "ﬁne adult"),  # a ligature outside a match is kept as sent
+        ("日本語のkidと", "日本語のadultと"),
+        ("pre-teen, under-age, jail bait", ", , "),
+    ],
+)
+def test_normalised_spellings_are_caught(text: str, expected: str) -> None:
+    assert DEFAULT.apply(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Ünïcode stays: 日本語, ﬁ, ｆｕｌｌｗｉｄｔｈ, ZWJ 👨\u200d👩\u200d👧",  # untouched text is returned as sent
+        "snake_case_names and dash-joined-words",
+        "She is 18 y.o. and 25yrs old; 30 years. 9yoga, 5yonder, 2y.one",
+    ],
+)
+def test_normalisation_does_not_rewrite_text_it_does_not_match(text: str) -> None:
+    assert DEFAULT.apply(text) is text
+
+
+def test_homoglyphs_from_other_scripts_are_a_documented_limit() -> None:
+    # Cyrillic і (U+0456) in "kіd": NFKC keeps it, and no maintained library folds it cheaply
+    # (docs/native-api.md#moderation). The Latin spelling is caught.
+    assert DEFAULT.apply("k\u0456d") == "k\u0456d"
+    assert DEFAULT.apply("kid") == "adult"
+
+
+def test_matching_view_maps_back_to_the_text_as_sent() -> None:
+    view, segments = matching_view("a\u00adb＿c")
+    assert view == "ab c"
+    assert [s[2:] for s in segments] == [(1, 2)]  # ＿ is one character: no segment
+    assert matching_view("plain_text") == ("plain text", [])
+    # A match inside an expanded character covers the whole character.
+    assert ReplacementFilter([("i", "I")]).apply("ﬁx") == "Ix"
+
+
+def test_the_cpu_budget_bounds_one_prompt() -> None:
+    text = "kid " * 50_000
+    with pytest.raises(FilterBudgetExceeded):
+        DEFAULT.apply(text, cpu_seconds=0.0)
+    assert DEFAULT.apply(text) == "adult " * 50_000
+    error = filter_budget_error(nsfw_model=True)
+    assert (error.status, error.rc) == (400, RC.CorruptPrompt) and "too long" in error.message
 
 
 @pytest.mark.parametrize(

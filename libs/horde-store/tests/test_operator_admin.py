@@ -17,7 +17,7 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 from horde_core.redis_keys import ip_timeout_key, redis_client
-from horde_store import admin
+from horde_store import admin, modes
 from horde_store.db import connect, create_pool
 from horde_store.modes import read_modes
 from horde_testing.seed import Factory
@@ -130,12 +130,12 @@ async def test_ip_timeout_set_show_clear(redis_url: str) -> None:
         shown = json.loads(r.stdout)
         assert shown["address"] == "198.51.100.4" and 0 < shown["seconds"] <= 300
 
-        # IPv6 is stored as ipaddress writes it, the form admission looks up.
+        # IPv6: the timeout covers the address's /64, stored as ipaddress writes it.
         r = await asyncio.to_thread(
             _admin, "--redis-url", redis_url, "ip-timeout", "2001:DB8::0:1", "--minutes", "1"
         )
-        assert json.loads(r.stdout) == {"address": "2001:db8::1", "seconds": 60}
-        assert await cache.exists(ip_timeout_key("2001:db8::1"))
+        assert json.loads(r.stdout) == {"address": "2001:db8::/64", "seconds": 60}
+        assert await cache.exists(ip_timeout_key("2001:db8::/64"))
 
         r = await asyncio.to_thread(_admin, "ip-timeout", "198.51.100.4", "--clear", env=env)
         assert json.loads(r.stdout) == {"address": "198.51.100.4", "cleared": True}
@@ -160,7 +160,82 @@ async def test_ip_timeout_set_show_clear(redis_url: str) -> None:
         )
         assert r.returncode == 1 and "redis" in r.stderr
     finally:
-        await cache.delete(ip_timeout_key("2001:db8::1"))
+        await cache.delete(ip_timeout_key("2001:db8::/64"))
+        await cache.aclose()
+
+
+@pytest.mark.parametrize(
+    ("written", "normalized"),
+    [
+        ("::ffff:198.51.100.4", "198.51.100.4"),
+        ("::FFFF:c633:6404", "198.51.100.4"),
+        ("::ffff:102:304", "1.2.3.4"),
+        ("198.51.100.4:5555", "198.51.100.4"),
+        (" 198.51.100.4 ", "198.51.100.4"),
+        ("[2001:db8::1]", "2001:db8::1"),
+        ("[2001:db8::1]:443", "2001:db8::1"),
+        ("2001:db8::1%eth0", "2001:db8::1"),
+        ("[2001:DB8:0::1%25eth0]:80", "2001:db8::1"),
+        ("[::ffff:1.2.3.4]:80", "1.2.3.4"),
+    ],
+)
+def test_address_forms_normalise_to_the_address(written: str, normalized: str) -> None:
+    assert modes.normalize_address(written) == normalized
+
+
+@pytest.mark.parametrize("bad", ["not-an-address", "[2001:db8::1", "[2001:db8::1]x", "1.2.3.4:port", "[]"])
+def test_bad_address_forms_are_refused(bad: str) -> None:
+    with pytest.raises(ValueError):
+        modes.normalize_address(bad)
+
+
+def test_timeouts_cover_an_ipv4_address_or_an_ipv6_64() -> None:
+    assert modes.timeout_target("::ffff:1.2.3.4") == "1.2.3.4"
+    assert modes.timeout_target("2001:db8:1:2:aaaa::1") == "2001:db8:1:2::/64"
+    assert modes.address_keys("1.2.3.4:80") == [ip_timeout_key("1.2.3.4")]
+    assert modes.address_keys("[2001:db8:1:2::5]") == [
+        ip_timeout_key("2001:db8:1:2::5"),
+        ip_timeout_key("2001:db8:1:2::/64"),
+    ]
+    assert modes.address_keys("testclient") == [ip_timeout_key("testclient")]
+
+
+async def test_timeouts_match_every_spelling_of_the_client(redis_url: str) -> None:
+    cache = redis_client(redis_url)
+    try:
+        assert await modes.set_ip_timeout(cache, "::ffff:203.0.113.9", 60) == "203.0.113.9"
+        for seen in (
+            "203.0.113.9",
+            "::ffff:203.0.113.9",
+            "::ffff:cb00:7109",
+            "203.0.113.9:5555",
+            "[::ffff:203.0.113.9]:1",
+        ):
+            assert 0 < await modes.ip_timeout_seconds(cache, seen) <= 60, seen
+        assert await modes.ip_timeout_seconds(cache, "203.0.113.10") == 0
+
+        # An IPv6 timeout covers the /64: any address the client picks in it, however written.
+        assert await modes.set_ip_timeout(cache, "2001:db8:77:1::1", 60) == "2001:db8:77:1::/64"
+        for seen in (
+            "2001:db8:77:1::1",
+            "2001:db8:77:1:ffff:1:2:3",
+            "[2001:db8:77:1::9]:443",
+            "2001:db8:77:1::2%eth0",
+        ):
+            assert 0 < await modes.ip_timeout_seconds(cache, seen) <= 60, seen
+        assert await modes.ip_timeout_seconds(cache, "2001:db8:77:2::1") == 0
+
+        # A key of one exact IPv6 address (as an earlier release stored) still counts, and clearing lifts both.
+        await cache.set(ip_timeout_key("2001:db8:78::1"), "1", ex=30)
+        assert 0 < await modes.ip_timeout_seconds(cache, "2001:db8:78::1") <= 30
+        assert await modes.clear_ip_timeout(cache, "2001:db8:78::1")
+        assert await modes.ip_timeout_seconds(cache, "2001:db8:78::1") == 0
+
+        assert await modes.clear_ip_timeout(cache, "2001:db8:77:1::abcd")
+        assert await modes.ip_timeout_seconds(cache, "2001:db8:77:1::1") == 0
+    finally:
+        await modes.clear_ip_timeout(cache, "203.0.113.9")
+        await modes.clear_ip_timeout(cache, "2001:db8:77:1::1")
         await cache.aclose()
 
 

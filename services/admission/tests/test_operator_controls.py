@@ -9,6 +9,7 @@ assertion depends on the cache's timing.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -156,12 +157,15 @@ async def test_maintenance_on_aborts_incomplete_requests_and_signals_them(
         # cancelled, so it only stops handing out jobs.
         streamed = await f.request(requester, n=1, jobs=2, hold=9, stream_progress=True)
         streamed_gen = await f.generation(streamed, worker, owner)
+        # Only a paused worker's fake job pending: it never took a job, so nothing is in flight and the hold goes.
+        faked = await f.request(requester, n=1, hold=11)
+        fake_gen = await f.generation(faked, worker, owner, fake=True)
         untouched = {
             "cancelled": await f.request(requester, n=0, cancelled=True, hold=7),
             "faulted": await f.request(requester, n=1, faulted=True),
             "served": await f.request(requester, n=0),  # every job handed out
         }
-        for rid in (queued, flying, finished, text):
+        for rid in (queued, flying, finished, text, faked):
             await pubsub.subscribe(f"horde:chat:{rid}")
             await pubsub.get_message(timeout=1)  # the subscribe confirmation
         before = {
@@ -174,22 +178,26 @@ async def test_maintenance_on_aborts_incomplete_requests_and_signals_them(
         change = await set_maintenance(conn, True, signals)
 
         assert change.maintenance and (await read_modes(conn)).maintenance
-        assert {a.id for a in change.aborted} == {queued, flying, finished, text, streamed}
+        assert {a.id for a in change.aborted} == {queued, flying, finished, text, streamed, faked}
         # The cancelled chat requests; a text request has no completion signal, the streamed one goes on.
-        assert change.signalled == 3
+        assert change.signalled == 4
         rows = {
             r["id"]: r
             for r in await conn.fetch(
                 "SELECT id, n, cancelled, faulted FROM waiting_prompts WHERE id = ANY($1)",
-                [queued, flying, finished, text],
+                [queued, flying, finished, text, faked],
             )
         }
-        for rid in (queued, flying, finished, text):
+        for rid in (queued, flying, finished, text, faked):
             assert (rows[rid]["n"], rows[rid]["cancelled"], rows[rid]["faulted"]) == (0, True, False)
         holds = {r["wp_id"]: r["amount"] for r in await conn.fetch("SELECT wp_id, amount FROM kudos_holds")}
         # Released where nothing is in flight; kept (for the settlement) where a job still runs.
-        assert queued not in holds and text not in holds
+        assert queued not in holds and text not in holds and faked not in holds
         assert holds[flying] == 30
+        fake_row = await conn.fetchrow(
+            "SELECT faulted, generation FROM processing_gens WHERE id = $1", fake_gen
+        )
+        assert fake_row is not None and (fake_row["faulted"], fake_row["generation"]) == (False, None)
         streamed_row = await conn.fetchrow("SELECT n, cancelled FROM waiting_prompts WHERE id = $1", streamed)
         assert streamed_row is not None and (streamed_row["n"], streamed_row["cancelled"]) == (0, False)
         assert holds[streamed] == 9
@@ -210,7 +218,7 @@ async def test_maintenance_on_aborts_incomplete_requests_and_signals_them(
         assert holds[untouched["cancelled"]] == 7
 
         events: dict[str, Any] = {}
-        while len(events) < 3:
+        while len(events) < 4:
             message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=5)
             assert message is not None, f"signals missing: got {events}"
             event = json.loads(message["data"])
@@ -219,6 +227,7 @@ async def test_maintenance_on_aborts_incomplete_requests_and_signals_them(
             str(queued): {"id": str(queued), "event": "cancelled", "generations": 0},
             str(flying): {"id": str(flying), "event": "cancelled", "generations": 0},
             str(finished): {"id": str(finished), "event": "cancelled", "generations": 1},
+            str(faked): {"id": str(faked), "event": "cancelled", "generations": 0},
         }
 
         # Already on: a second "on" aborts what was admitted since (nothing here), and switching off aborts
@@ -292,13 +301,20 @@ async def test_ipv6_timeouts_match_however_the_address_is_written(
     cache = redis_client(admission_env["HORDE_REDIS_URL"])
     _, key = await new_user(db)
     try:
-        assert await set_ip_timeout(cache, "2001:DB8:0:0::1", 60) == "2001:db8::1"
-        r = await client.post(
-            TEXT, json={"prompt": "hi", "models": [TEXT_MODEL]}, headers=_from("2001:db8:0000::0001", key)
-        )
-        assert r.status_code == 403 and r.json()["rc"] == "TimeoutIP"
+        assert await set_ip_timeout(cache, "2001:DB8:0:0::1", 60) == "2001:db8::/64"
+        body = {"prompt": "hi", "models": [TEXT_MODEL]}
+        # Any spelling, and any address of the /64 (a client picks one at will).
+        for seen in ("2001:db8:0000::0001", "[2001:db8::1]:443", "2001:db8::beef", "2001:db8::1%eth0"):
+            r = await client.post(TEXT, json=body, headers=_from(seen, key))
+            assert r.status_code == 403 and r.json()["rc"] == "TimeoutIP", seen
+        # An IPv4 timeout matches the IPv4-mapped IPv6 spelling of the address.
+        await set_ip_timeout(cache, "203.0.113.79", 60)
+        for seen in ("::ffff:203.0.113.79", "::ffff:cb00:714f", "203.0.113.79:5555"):
+            r = await client.post(TEXT, json=body, headers=_from(seen, key))
+            assert r.status_code == 403 and r.json()["rc"] == "TimeoutIP", seen
     finally:
         await clear_ip_timeout(cache, "2001:db8::1")
+        await clear_ip_timeout(cache, "203.0.113.79")
         await cache.aclose()
 
 
@@ -450,3 +466,61 @@ async def test_a_rule_re2_does_not_take_stops_the_settings() -> None:
     with pytest.raises(ValidationError, match="replacement rule 0"):
         AdmissionSettings(moderation_replacements=[["(?<=a)b", "x"]])
     assert AdmissionSettings(moderation_replacements=[["a", "b"]]).moderation_replacements == [("a", "b")]
+
+
+async def test_a_request_naming_no_model_is_filtered_when_any_model_is_nsfw(
+    make_client: Any, db: asyncpg.Connection, reference_file: Path, tmp_path: Path
+) -> None:
+    # No models: any worker may serve it, an nsfw model's too. Dry runs (nothing is queued) show it.
+    client = await make_client(text_model_reference=str(reference_file))
+    _, key = await new_user(db)
+    body: dict[str, Any] = {"prompt": "loli", "models": [], "dry_run": True}
+    for apikey in (key, "0000000000"):
+        r = await client.post(TEXT, json=body, headers={"apikey": apikey})
+        assert r.status_code == 400, r.text
+        assert r.json() == {
+            "message": CORRUPT_PROMPT_MESSAGE.format(whom="prompts for the requested NSFW models"),
+            "rc": "CorruptPrompt",
+        }
+    r = await client.post(TEXT, json={**body, "models": ["horde-test/plain-7b"]}, headers={"apikey": key})
+    assert r.status_code == 200, r.text
+
+    # A reference that marks no model nsfw leaves such a request alone.
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps({"horde-test/plain-7b": {"name": "horde-test/plain-7b", "parameters": 7e9}}))
+    other = await make_client(text_model_reference=str(plain))
+    r = await other.post(TEXT, json=body, headers={"apikey": key})
+    assert r.status_code == 200, r.text
+
+
+async def test_a_large_filtered_prompt_does_not_hold_up_the_event_loop(
+    make_client: Any, reference_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from horde_contract.moderation import ReplacementFilter
+
+    events: list[str] = []
+    original = ReplacementFilter.apply
+
+    def recording_apply(self: ReplacementFilter, text: str, **kwargs: Any) -> str:
+        events.append("filter started")
+        try:
+            return original(self, text, **kwargs)
+        finally:
+            events.append("filter finished")
+
+    monkeypatch.setattr(ReplacementFilter, "apply", recording_apply)
+    client = await make_client(text_model_reference=str(reference_file))
+    # An anonymous dry run naming no model: filtered (an nsfw model could serve it), 1 MiB of matches.
+    body = {"prompt": "kid " * (1 << 18), "models": [], "dry_run": True}
+    big = asyncio.create_task(client.post(TEXT, json=body, headers={"apikey": "0000000000"}))
+    while "filter started" not in events:
+        assert not big.done(), big.result().text
+        await asyncio.sleep(0.001)
+    r = await client.get("/api/v2/status/heartbeat")
+    assert r.status_code == 200
+    events.append("heartbeat answered")
+    # The heartbeat was answered while the filter ran in its thread, before the big request was.
+    assert not big.done()
+    response = await big
+    assert response.status_code == 200, response.text
+    assert events == ["filter started", "heartbeat answered", "filter finished"]

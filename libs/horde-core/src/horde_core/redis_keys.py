@@ -21,9 +21,9 @@ CHAT_IMAGE_DELETE_RETRY_KEY = "horde:chat:image_delete_retry"
 AVAILABILITY_CACHE_KEY_PREFIX = "horde:admission:availability:"
 #: ``horde:admission:models:v2:<chat | text>``: the cached answer of a models route.
 MODELS_CACHE_KEY_PREFIX = "horde:admission:models:v2:"
-#: ``horde:admission:ip_timeout:<address>``: an operator's timeout of a client address (``horde-admin
-#: ip-timeout``), on the URL's database; the key's TTL is the timeout's remaining life (docs/operator-guide.md
-#: #operator-controls).
+#: ``horde:admission:ip_timeout:<address>``: an operator's timeout of a client address or IPv6 /64
+#: (``horde-admin ip-timeout``), on the URL's database; the key's TTL is the timeout's remaining life
+#: (docs/operator-guide.md#operator-controls).
 IP_TIMEOUT_KEY_PREFIX = "horde:admission:ip_timeout:"
 #: ``horde:oai:hub:<token>``: the front's signal hub's own channel, one per process (nobody publishes on it).
 SIGNAL_HUB_CHANNEL_PREFIX = "horde:oai:hub:"
@@ -57,8 +57,9 @@ def models_cache_key(chat: bool) -> str:
 
 
 def ip_timeout_key(address: str) -> str:
-    """``horde:admission:ip_timeout:<address>``: the timeout of one client address (as
-    ``ipaddress.ip_address`` writes it when it parses, so ``::1`` and ``0::1`` are one key)."""
+    """``horde:admission:ip_timeout:<address>``: the timeout of one IPv4 client address, or of an IPv6 /64
+    (``2001:db8::/64``), as ``ipaddress`` writes it (``horde_store.modes.timeout_target``: an IPv4-mapped
+    address is its IPv4 address, so every spelling of one client is one key)."""
     return f"{IP_TIMEOUT_KEY_PREFIX}{address}"
 
 

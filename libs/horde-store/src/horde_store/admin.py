@@ -99,7 +99,10 @@ def _parser() -> argparse.ArgumentParser:
     ipt = sub.add_parser(
         "ip-timeout", help="refuse new requests from a client address for a while (403 TimeoutIP)"
     )
-    ipt.add_argument("address", help="IPv4 or IPv6 address, as the rate limits count it")
+    ipt.add_argument(
+        "address",
+        help="IPv4 or IPv6 address, as the rate limits count it (an IPv6 address times out its /64)",
+    )
     how = ipt.add_mutually_exclusive_group()
     how.add_argument("--minutes", type=int, default=None, help="time the address out for N minutes")
     how.add_argument("--clear", action="store_true", help="lift the address's timeout")
@@ -264,7 +267,7 @@ async def _ip_timeout(args: argparse.Namespace, redis_url: str) -> dict[str, Any
             return {"address": address, "seconds": args.minutes * 60}
         if args.clear:
             cleared = await modes.clear_ip_timeout(client, args.address)
-            return {"address": modes.normalize_address(args.address), "cleared": cleared}
+            return {"address": modes.timeout_target(args.address), "cleared": cleared}
         address = modes.normalize_address(args.address)
         return {"address": address, "seconds": await modes.ip_timeout_seconds(client, address)}
     except ValueError as exc:

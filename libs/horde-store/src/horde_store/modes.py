@@ -6,9 +6,9 @@ modes`` and every service reads. ``GET /v2/status/modes`` reports them; admissio
 ``maintenance`` is on (docs/native-api.md#operator-controls). Switching maintenance on also aborts every
 queued request (:func:`set_maintenance`), as upstream's ``abort_for_maintenance``.
 
-An IP timeout (``horde-admin ip-timeout``) refuses new requests from one client address with 403 TimeoutIP
-until its key expires (:func:`set_ip_timeout`, :func:`ip_timeout_seconds`; the key is
-:func:`horde_core.redis_keys.ip_timeout_key`, on the database ``HORDE_REDIS_URL`` names).
+An IP timeout (``horde-admin ip-timeout``) refuses new requests from one client address (an IPv6 address's
+whole /64) with 403 TimeoutIP until its key expires (:func:`set_ip_timeout`, :func:`ip_timeout_seconds`; the
+key is :func:`horde_core.redis_keys.ip_timeout_key`, on the database ``HORDE_REDIS_URL`` names).
 docs/operator-guide.md#operator-controls.
 """
 
@@ -86,7 +86,8 @@ ON CONFLICT (id) DO UPDATE SET maintenance = EXCLUDED.maintenance, changed = now
 
 # The cancel route's claim (n = 0, cancelled) over every request that still has jobs to hand out, in one
 # statement. Rows are locked in id order, so two switches never deadlock on each other (a settlement that
-# does is retried, MAINTENANCE_ATTEMPTS). A request with nothing in flight is done at once: its upfront hold is
+# does is retried, MAINTENANCE_ATTEMPTS). A request with nothing in flight (a paused worker's fake job, which
+# never took a job, does not count) is done at once: its upfront hold is
 # released here, as the cancel route releases it. A request with jobs in flight keeps its hold until they
 # settle, and submit's settlement releases it then (a cancelled request with n = 0 and nothing in flight is
 # done). Maintenance lets in-flight jobs settle (docs/native-api.md#progress), but a cancelled request that
@@ -113,7 +114,7 @@ WITH target AS (
     DELETE FROM kudos_holds h USING aborted a
      WHERE h.wp_id = a.id AND NOT EXISTS (
          SELECT 1 FROM processing_gens p
-          WHERE p.wp_id = a.id AND NOT p.faulted AND p.generation IS NULL
+          WHERE p.wp_id = a.id AND NOT p.faulted AND NOT p.fake AND p.generation IS NULL
      )
     RETURNING h.wp_id
 )
@@ -184,39 +185,96 @@ async def set_maintenance(
 MAX_IP_TIMEOUT_SECONDS = 30 * 24 * 3600
 
 
+#: The prefix an IPv6 timeout covers: a client picks any address of its /64 at will (SLAAC privacy
+#: addresses), so timing out one address of it would be no timeout at all.
+IPV6_TIMEOUT_PREFIX = 64
+
+
 def normalize_address(address: str) -> str:
-    """``address`` as ``ipaddress`` writes it (``0:0::1`` → ``::1``), so one address is one key. Raises
-    ValueError for a string that is not an IPv4 or IPv6 address."""
-    return ipaddress.ip_address(address.strip()).compressed
+    """``address`` as ``ipaddress`` writes it (``0:0::1`` → ``::1``), so one address is one key: an
+    IPv4-mapped IPv6 address is its IPv4 address (``::ffff:1.2.3.4``, ``::ffff:102:304`` → ``1.2.3.4``), and
+    the forms a proxy header may carry are read as their address (``[2001:db8::1]``, ``[2001:db8::1]:443``,
+    ``2001:db8::1%eth0``, ``1.2.3.4:5555``). Raises ValueError for a string that is not an IPv4 or IPv6
+    address."""
+    text = address.strip()
+    if text.startswith("["):
+        close = text.find("]")
+        rest = text[close + 1 :] if close > 0 else "?"
+        if rest and not (rest.startswith(":") and rest[1:].isdigit()):
+            raise ValueError(f"{address!r} does not appear to be an IPv4 or IPv6 address")
+        text = text[1:close]
+    elif text.count(":") == 1:  # IPv4 with a port (an IPv6 address has two colons at least)
+        host, _, port = text.partition(":")
+        if port.isdigit():
+            text = host
+    text = text.split("%", 1)[0]  # an IPv6 zone names the host's interface, not the client
+    parsed = ipaddress.ip_address(text)
+    if isinstance(parsed, ipaddress.IPv6Address) and parsed.ipv4_mapped is not None:
+        return parsed.ipv4_mapped.compressed
+    return parsed.compressed
+
+
+def timeout_target(address: str) -> str:
+    """What a timeout of ``address`` covers: its IPv4 address, or the /64 of an IPv6 address
+    (``2001:db8::/64``). Raises ValueError for an invalid address."""
+    normalized = normalize_address(address)
+    if ":" not in normalized:
+        return normalized
+    return ipaddress.ip_network(f"{normalized}/{IPV6_TIMEOUT_PREFIX}", strict=False).compressed
+
+
+def address_keys(address: str) -> list[str]:
+    """The timeout keys that cover a client address as a route sees it: an IPv4 address's (a mapped one's
+    too); an IPv6 address's own and its /64's; a string that does not parse (a peer name such as a test
+    client's) as it is."""
+    try:
+        normalized = normalize_address(address)
+    except ValueError:
+        return [ip_timeout_key(address)]
+    target = timeout_target(normalized)
+    if target == normalized:
+        return [ip_timeout_key(normalized)]
+    return [ip_timeout_key(normalized), ip_timeout_key(target)]
 
 
 def address_key(address: str) -> str:
-    """The timeout key of a client address as a route sees it: normalized when it parses, else as it is
-    (a peer name such as a test client's)."""
+    """The key a timeout of ``address`` is stored under (:func:`timeout_target`); a string that does not
+    parse as it is."""
     try:
-        return ip_timeout_key(normalize_address(address))
+        return ip_timeout_key(timeout_target(address))
     except ValueError:
         return ip_timeout_key(address)
 
 
 async def set_ip_timeout(client: redis.Redis, address: str, seconds: int) -> str:
     """Time out ``address`` for ``seconds`` (1 … :data:`MAX_IP_TIMEOUT_SECONDS`), replacing any timeout it
-    had; returns the normalized address. Raises ValueError for an invalid address or duration."""
-    normalized = normalize_address(address)
+    had; returns what the timeout covers (:func:`timeout_target`: the IPv4 address, or an IPv6 address's
+    /64). Raises ValueError for an invalid address or duration."""
+    target = timeout_target(address)
     if not 1 <= seconds <= MAX_IP_TIMEOUT_SECONDS:
         raise ValueError(f"a timeout lasts 1 to {MAX_IP_TIMEOUT_SECONDS} seconds, not {seconds}")
-    await client.set(ip_timeout_key(normalized), "1", ex=seconds)
-    return normalized
+    await client.set(ip_timeout_key(target), "1", ex=seconds)
+    return target
 
 
 async def clear_ip_timeout(client: redis.Redis, address: str) -> bool:
-    """Lift the timeout of ``address``; True when it had one. Raises ValueError for an invalid address."""
-    return bool(await client.delete(ip_timeout_key(normalize_address(address))))
+    """Lift the timeout covering ``address`` (an IPv6 address's /64, and a key of that exact address an
+    earlier release stored); True when it had one. Raises ValueError for an invalid address."""
+    keys = {ip_timeout_key(timeout_target(address)), ip_timeout_key(normalize_address(address))}
+    return bool(await client.delete(*keys))
 
 
 async def ip_timeout_seconds(client: redis.Redis, address: str) -> int:
-    """The seconds left of the timeout of ``address`` (as a route sees it, :func:`address_key`), 0 when it
-    has none. Raises what the Redis client raises."""
-    ttl = int(await client.ttl(address_key(address)))
+    """The seconds left of the longest timeout covering ``address`` (as a route sees it,
+    :func:`address_keys`), 0 when it has none. Raises what the Redis client raises."""
+    keys = address_keys(address)
+    if len(keys) == 1:
+        ttls = [int(await client.ttl(keys[0]))]
+    else:
+        async with client.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.ttl(key)
+            ttls = [int(ttl) for ttl in await pipe.execute()]
+    ttl = max(ttls)
     # -2: no key; -1: a key without expiry, which this module never writes (not a timeout).
     return ttl if ttl > 0 else 0

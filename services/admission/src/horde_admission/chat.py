@@ -167,7 +167,7 @@ async def chat_async(request: Request) -> JSONResponse:
     # sizing, so truncate_oldest trims the rewritten ones (docs/native-api.md#flattened-prompt).
     await check_ip_timeout(state.redis, request, settings)
     submitted_messages = chat.messages
-    moderated = moderate_messages(
+    moderated = await moderate_messages(
         controls, settings, requester, list(chat.models), state.model_reference, chat.messages
     )
     if moderated is not chat.messages:

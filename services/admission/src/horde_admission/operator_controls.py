@@ -14,8 +14,11 @@ IP timeouts and the moderation replacement filter, at the spec's places in the p
   (logged), as the rate limits do: a store outage never takes the route down.
 - Moderation: a flagged user's prompt, or a prompt for a model the text model reference marks nsfw, goes
   through the replacement filter (:mod:`horde_contract.moderation`, rules ``HORDE_MODERATION_REPLACEMENTS``);
-  on the chat route each message text, before context sizing. A prompt the filter empties is 400
-  CorruptPrompt.
+  on the chat route each message text, before context sizing. A request that names no model can be served by
+  any worker, an nsfw model's too, so it is filtered whenever the reference marks any model nsfw. A prompt
+  the filter empties is 400 CorruptPrompt. Texts of more than :data:`INLINE_FILTER_CHARS` characters are
+  filtered in a worker thread (``asyncio.to_thread``), so a large prompt does not hold up the event loop, and
+  the filter's CPU per request is bounded (past it, 400 CorruptPrompt).
 """
 
 from __future__ import annotations
@@ -23,16 +26,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import Request
 from horde_contract import TextModelReference
 from horde_contract.moderation import (
     DEFAULT_REPLACEMENT_RULES,
+    FilterBudgetExceeded,
     ReplacementFilter,
     corrupt_prompt_error,
     emptied,
+    filter_budget_error,
     message_texts,
 )
 from horde_contract.operator_controls import maintenance_mode_error, timeout_ip_error
@@ -45,6 +51,12 @@ from horde_admission.ratelimit import client_address
 from horde_admission.settings import AdmissionSettings
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+#: Texts up to this many characters (all of a request's texts together) are filtered on the event loop: a
+#: couple of milliseconds at worst (every word a match), near the cost of a thread hand-off. Longer ones go to
+#: a worker thread.
+INLINE_FILTER_CHARS = 4096
 
 
 class ModesCache:
@@ -105,12 +117,25 @@ def moderation_applies(
     requester: Requester, models: list[str], reference: TextModelReference
 ) -> tuple[bool, bool]:
     """``(applies, nsfw_model)``: whether the replacement filter applies (a flagged requester or an nsfw
-    model), and whether a requested model is nsfw."""
-    nsfw_model = reference.has_nsfw(models)
+    model), and whether an nsfw model may serve the request: a requested model is nsfw, or no model is named
+    (any worker may serve it) and the reference marks any model nsfw."""
+    nsfw_model = reference.has_nsfw(models) if models else bool(reference.nsfw_names)
     return requester.flagged or nsfw_model, nsfw_model
 
 
-def moderate_prompt(
+async def _run_filter(work: Callable[[], _T], texts_chars: int, *, nsfw_model: bool) -> _T:
+    """``work()`` (a filter call over ``texts_chars`` characters), on the loop for small inputs, else in a
+    worker thread; the filter's CPU budget becomes 400 CorruptPrompt."""
+    try:
+        if texts_chars <= INLINE_FILTER_CHARS:
+            return work()
+        return await asyncio.to_thread(work)
+    except FilterBudgetExceeded:
+        log.warning("moderation filter budget spent on a prompt of %d characters", texts_chars)
+        raise filter_budget_error(nsfw_model=nsfw_model) from None
+
+
+async def moderate_prompt(
     controls: OperatorControls,
     settings: AdmissionSettings,
     requester: Requester,
@@ -123,13 +148,14 @@ def moderate_prompt(
     applies, nsfw_model = moderation_applies(requester, models, reference)
     if not applies:
         return prompt
-    filtered = controls.replacement_filter(settings).apply(prompt)
+    flt = controls.replacement_filter(settings)
+    filtered = await _run_filter(lambda: flt.apply(prompt), len(prompt), nsfw_model=nsfw_model)
     if emptied(prompt, filtered):
         raise corrupt_prompt_error(nsfw_model=nsfw_model)
     return filtered
 
 
-def moderate_messages(
+async def moderate_messages(
     controls: OperatorControls,
     settings: AdmissionSettings,
     requester: Requester,
@@ -143,7 +169,10 @@ def moderate_messages(
     applies, nsfw_model = moderation_applies(requester, models, reference)
     if not applies:
         return messages
-    filtered = controls.replacement_filter(settings).filter_messages(messages)
-    if emptied(message_texts(messages), message_texts(filtered)):
+    flt = controls.replacement_filter(settings)
+    texts = message_texts(messages)
+    chars = sum(map(len, texts))
+    filtered = await _run_filter(lambda: flt.filter_messages(messages), chars, nsfw_model=nsfw_model)
+    if emptied(texts, message_texts(filtered)):
         raise corrupt_prompt_error(nsfw_model=nsfw_model)
     return filtered

@@ -285,7 +285,9 @@ async def text_async(request: Request) -> JSONResponse:
     # Countermeasures and moderation, as upstream: the address's timeout, then the replacement filter.
     await check_ip_timeout(state.redis, request, settings)
     submitted_prompt = text.prompt
-    prompt = moderate_prompt(controls, settings, requester, text.models, state.model_reference, text.prompt)
+    prompt = await moderate_prompt(
+        controls, settings, requester, text.models, state.model_reference, text.prompt
+    )
     if prompt is not text.prompt:
         text = dataclasses.replace(text, prompt=prompt)
 
