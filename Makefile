@@ -13,7 +13,7 @@ LINT_TESTS := libs/horde-contract/tests libs/horde-core/tests libs/horde-store/t
 MYPY_TESTS := $(UV) run --no-sync mypy --config-file= --python-version 3.11 --ignore-missing-imports \
 	--check-untyped-defs --cache-dir .mypy_cache/tests
 
-.PHONY: help setup run test test-quick test-e2e test-fuzz lint proto-lint proto proto-check bench k8s-check clean
+.PHONY: help setup run test test-quick test-e2e test-replicas test-fuzz lint proto-lint proto proto-check bench k8s-check clean
 
 help:
 	@echo "make run         start the local stack (embedded stores, 5 services, a reference worker); REPLICAS=2: two of each"
@@ -22,6 +22,7 @@ help:
 	@echo "make test-llm    the model tests (compiles llama.cpp on first use, ~7 min)"
 	@echo "make test-fuzz   the long no-5xx run (schemathesis + body fuzz; HORDE_FUZZ_EXAMPLES=500)"
 	@echo "make test-quick  the tests without e2e and slow ones"
+	@echo "make test-replicas  the two-replica stacks: completions, failover, restart (CI runs it)"
 	@echo "make lint        ruff, format, complexity, mypy (src strict, tests), buf lint;  make proto / proto-check: regenerate / check gRPC code;  make k8s-check"
 	@echo "make bench       run the benchmarks in bench/"
 
@@ -53,6 +54,11 @@ test-quick: setup
 
 test-e2e: setup
 	@$(UV) run --no-sync pytest tests/e2e $(PYTEST_ARGS)
+
+# Whole local stacks with two replicas of every service behind the one URL (marker replicas; about 3 min):
+# 50 completions, cancels, faults and kill -9 failover; supervisord's restart and stop. CI runs it after test.
+test-replicas: setup
+	@$(UV) run --no-sync pytest -m replicas tests/e2e $(PYTEST_ARGS)
 
 # The long no-5xx run: schemathesis over the four services' OpenAPI documents and the body fuzz
 # of every route, HORDE_FUZZ_EXAMPLES examples per operation (x12 per route for the body fuzz).

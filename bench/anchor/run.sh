@@ -3,6 +3,8 @@
 # `make run` stack started with the limiter off and this folder's model reference:
 #   HORDE_RATE_LIMITS_ENABLED=false HORDE_TEXT_MODEL_REFERENCE=bench/anchor/models.json make run
 # then: bench/anchor/run.sh [--only async_c8,pop_q10000_w8,...] [--reps N]
+# With replicas (make run REPLICAS=2, or REPLICAS_DISPATCH=2 ...), ANCHOR_VIA_PROXY=1 sends the load through the
+# one URL (:7000), whose proxy balances over the replicas, and watches every replica's process.
 # Writes one JSON per run into .local/anchor-out/<timestamp>/ and prints the summary table.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -32,9 +34,18 @@ pid_on() { ss -Hltnp "sport = :$1" | sed -n 's/.*pid=\([0-9]*\).*/\1/p' | head -
 PG=$(pid_on "$(python3 -c 'import sys,urllib.parse; print(urllib.parse.urlsplit(sys.argv[1]).port or 5432)' "$HORDE_DATABASE_URL")")
 OUT=.local/anchor-out/$(date +%Y%m%dT%H%M%S)
 mkdir -p "$OUT"
+BASE=http://127.0.0.1:7101,http://127.0.0.1:7102,http://127.0.0.1:7103
+WATCH=(--watch "app1:$(pid_on 7101)" --watch "app2:$(pid_on 7102)" --watch "app3:$(pid_on 7103)")
+if [ "${ANCHOR_VIA_PROXY:-0}" = 1 ]; then
+  BASE=http://127.0.0.1:7000,http://127.0.0.1:7000,http://127.0.0.1:7000
+  WATCH=()
+  for port in 7101 7102 7103 7111 7112 7113 7121 7122 7123; do
+    pid=$(pid_on "$port"); [ -n "$pid" ] && WATCH+=(--watch "app-$port:$pid")
+  done
+  proxy=$(pid_on 7000); [ -n "$proxy" ] && WATCH+=(--watch "proxy:$proxy")
+fi
 .venv/bin/python "$ANCHOR/run_matrix.py" --out "$OUT" --split-services \
-  --base-url http://127.0.0.1:7101,http://127.0.0.1:7102,http://127.0.0.1:7103 --prefix /api/v2 \
+  --base-url "$BASE" --prefix /api/v2 \
   --apikey "$REQ" --worker-apikey "$WRK" --model koboldcpp/L3-Super-Nova-RP-8B \
-  --reset-cmd .local/anchor-reset.sh --watch "app1:$(pid_on 7101)" --watch "app2:$(pid_on 7102)" \
-  --watch "app3:$(pid_on 7103)" ${PG:+--watch "pg:$PG:tree"} "$@"
+  --reset-cmd .local/anchor-reset.sh "${WATCH[@]}" ${PG:+--watch "pg:$PG:tree"} "$@"
 .venv/bin/python "$ANCHOR/summarize.py" --matrix "$OUT"

@@ -41,6 +41,9 @@ import openai
 import pytest
 from horde_testing.local_stack import LocalStack
 
+# Whole stacks with two replicas of everything: make test-replicas (CI runs it after make test).
+pytestmark = pytest.mark.replicas
+
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "scripted/echo"
 ADMIN = (sys.executable, "-m", "horde_store.admin")

@@ -18,6 +18,9 @@ import pytest
 from horde_testing.local_stack import LocalStack
 from horde_testing.replicas import SERVICE_PORTS
 
+# Whole stacks with two replicas of everything: make test-replicas (CI runs it after make test).
+pytestmark = pytest.mark.replicas
+
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "scripted/echo"
 
