@@ -206,6 +206,18 @@ def grpc_served(url: str) -> float:
     )
 
 
+def janitors_expired(stack: LocalStack) -> float:
+    """Requests expired by every janitor replica (``horde_janitor_expired_requests_total``, all labels)."""
+    total = 0.0
+    for url in stack.urls.replicas["janitor"]:
+        text = httpx.get(f"{url}/metrics", timeout=10, trust_env=False).text
+        total += sum(
+            float(m.group(1))
+            for m in re.finditer(r"^horde_janitor_expired_requests_total\{[^}]*\} ([0-9.e+]+)$", text, re.M)
+        )
+    return total
+
+
 def front_resumed(url: str) -> float:
     text = httpx.get(f"{url}/metrics", timeout=10, trust_env=False).text
     found = re.search(
@@ -430,6 +442,23 @@ def run_fifty(local_stack: LocalStack, user: User, client: openai.OpenAI) -> Non
     for service, before in served_before.items():
         after = [grpc_served(u) for u in local_stack.urls.replicas[service]]
         assert all(a > b for a, b in zip(after, before, strict=True)), (service, before, after)
+
+    # Expiry across the two janitor replicas: every request of this test expires at once; each is deleted,
+    # and deleted once: the two janitors' expired counters add up to exactly the number of rows.
+    expired_before = janitors_expired(local_stack)
+    ids = [r["id"] for r in requests]
+    query(
+        local_stack,
+        "UPDATE waiting_prompts SET expiry = now() - interval '1 second' WHERE id = ANY($1::uuid[])",
+        ids,
+    )
+    wait_for(
+        lambda: not query(local_stack, "SELECT 1 FROM waiting_prompts WHERE id = ANY($1::uuid[])", ids),
+        60,
+        "the expiry of every request",
+    )
+    wait_for(lambda: janitors_expired(local_stack) - expired_before >= len(ids), 30, "the expiry counters")
+    assert janitors_expired(local_stack) - expired_before == len(ids)
 
 
 # -- 2. failover ------------------------------------------------------------------------------------------
