@@ -112,6 +112,22 @@ class Stack:
         raise AssertionError(f"worker {name} did not check in within {timeout}s")
 
 
+#: Every e2e client and worker shares 127.0.0.1: the limiter stays on, with room for the suite's pace (upstream's
+#: read and worker limits are status 60/minute per request, pop and submit 60/second).
+E2E_LIMITS: dict[str, str] = {
+    "HORDE_CHAT_REQUEST_2SEC_LIMIT_PER_IP": "50/second",
+    "HORDE_CHAT_REQUEST_90MIN_LIMIT_PER_IP": "5000/minute",
+    "HORDE_TEXT_REQUEST_2SEC_LIMIT_PER_IP": "50/second",
+    "HORDE_TEXT_REQUEST_90MIN_LIMIT_PER_IP": "5000/minute",
+    "HORDE_APIKEY_REQUEST_LIMIT": "50/second",
+    "HORDE_STATUS_REQUEST_LIMIT_PER_IP": "6000/minute",
+    "HORDE_POP_REQUEST_LIMIT_PER_IP": "1000/second",
+    "HORDE_SUBMIT_REQUEST_LIMIT_PER_IP": "1000/second",
+    "HORDE_READ_REQUEST_LIMIT_PER_IP": "6000/minute",
+    "HORDE_MODIFY_REQUEST_LIMIT_PER_IP": "6000/minute",
+}
+
+
 def _service_env(base: dict[str, str], ports: dict[str, int]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HORDE_")}
     env.update(base)
@@ -126,19 +142,7 @@ def _service_env(base: dict[str, str], ports: dict[str, int]) -> dict[str, str]:
             "HORDE_OAI_HTTP_PORT": str(ports["oai"]),
             "HORDE_OAI_HORDE_URL": f"http://127.0.0.1:{ports['admission']}/api",
             "HORDE_JANITOR_INTERVAL_SECONDS": "1",
-            # Every test client shares 127.0.0.1: keep the limiter on, with room for the suite's pace.
-            "HORDE_CHAT_REQUEST_2SEC_LIMIT_PER_IP": "50/second",
-            "HORDE_CHAT_REQUEST_90MIN_LIMIT_PER_IP": "5000/minute",
-            "HORDE_TEXT_REQUEST_2SEC_LIMIT_PER_IP": "50/second",
-            "HORDE_TEXT_REQUEST_90MIN_LIMIT_PER_IP": "5000/minute",
-            "HORDE_APIKEY_REQUEST_LIMIT": "50/second",
-            # The read and worker routes' per-address limits (upstream: status 60/minute per request, pop and
-            # submit 60/second): the suite's clients and workers all poll from 127.0.0.1.
-            "HORDE_STATUS_REQUEST_LIMIT_PER_IP": "6000/minute",
-            "HORDE_POP_REQUEST_LIMIT_PER_IP": "1000/second",
-            "HORDE_SUBMIT_REQUEST_LIMIT_PER_IP": "1000/second",
-            "HORDE_READ_REQUEST_LIMIT_PER_IP": "6000/minute",
-            "HORDE_MODIFY_REQUEST_LIMIT_PER_IP": "6000/minute",
+            **E2E_LIMITS,
             "HORDE_LOG_JSON": "false",
         }
     )

@@ -41,6 +41,8 @@ import openai
 import pytest
 from horde_testing.local_stack import LocalStack
 
+from .conftest import E2E_LIMITS
+
 # Whole stacks with two replicas of everything: make test-replicas (CI runs it after make test).
 pytestmark = pytest.mark.replicas
 
@@ -83,17 +85,7 @@ def local_stack(
         "HORDE_OAI_STREAM_RESUME_GRACE_SECONDS": str(RESUME_GRACE_SECONDS),
         "HORDE_OAI_RETRY_GRACE_SECONDS": str(RESUME_GRACE_SECONDS),
         "HORDE_WORKER_THREADS": "8",
-        # Every client of the test shares 127.0.0.1: the limiter stays on, with room for the traffic's pace.
-        "HORDE_CHAT_REQUEST_2SEC_LIMIT_PER_IP": "50/second",
-        "HORDE_CHAT_REQUEST_90MIN_LIMIT_PER_IP": "5000/minute",
-        "HORDE_TEXT_REQUEST_2SEC_LIMIT_PER_IP": "50/second",
-        "HORDE_TEXT_REQUEST_90MIN_LIMIT_PER_IP": "5000/minute",
-        "HORDE_APIKEY_REQUEST_LIMIT": "50/second",
-        "HORDE_STATUS_REQUEST_LIMIT_PER_IP": "6000/minute",
-        "HORDE_POP_REQUEST_LIMIT_PER_IP": "1000/second",
-        "HORDE_SUBMIT_REQUEST_LIMIT_PER_IP": "1000/second",
-        "HORDE_READ_REQUEST_LIMIT_PER_IP": "6000/minute",
-        "HORDE_MODIFY_REQUEST_LIMIT_PER_IP": "6000/minute",
+        **E2E_LIMITS,
         "HORDE_LOG_JSON": "false",
     }
     stack = LocalStack(2, directory=tmp_path_factory.mktemp("replicas"), env=env, root=ROOT)
