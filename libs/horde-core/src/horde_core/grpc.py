@@ -31,7 +31,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from horde_core.grpc_errors import StoreOutageInterceptor
+from horde_core.grpc_errors import StoreOutageInterceptor, rewrap_unary
 from horde_core.metrics import counter
 from horde_core.settings import HordeSettings
 
@@ -149,11 +149,7 @@ class ServedCounterInterceptor(grpc.aio.ServerInterceptor):
             SERVED.labels(method, _code_name(context, "OK")).inc()
             return response
 
-        return grpc.unary_unary_rpc_method_handler(
-            counted,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+        return rewrap_unary(handler, counted)
 
 
 async def start_grpc_server(

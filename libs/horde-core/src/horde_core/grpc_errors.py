@@ -29,6 +29,18 @@ def store_outage_detail(exc: BaseException) -> str:
     return f"store unreachable: {type(exc).__name__}"
 
 
+def rewrap_unary(
+    handler: grpc.RpcMethodHandler[Any, Any], behavior: Callable[..., Any]
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """``handler`` with its unary-unary behaviour replaced by ``behavior`` (same (de)serializers): how a server
+    interceptor wraps a method."""
+    return grpc.unary_unary_rpc_method_handler(
+        behavior,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
+
+
 class StoreOutageInterceptor(grpc.aio.ServerInterceptor):
     """Maps store outages raised by unary-unary servicer methods to ``UNAVAILABLE`` (see the module)."""
 
@@ -43,11 +55,7 @@ class StoreOutageInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None or handler.unary_unary is None:
             return handler
-        return grpc.unary_unary_rpc_method_handler(
-            self._guard(handler.unary_unary, handler_call_details.method),
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+        return rewrap_unary(handler, self._guard(handler.unary_unary, handler_call_details.method))
 
     def _guard(self, behavior: _UnaryBehavior, method: str) -> _UnaryBehavior:
         outages = self.outages
