@@ -13,7 +13,7 @@ LINT_TESTS := libs/horde-contract/tests libs/horde-core/tests libs/horde-store/t
 MYPY_TESTS := $(UV) run --no-sync mypy --config-file= --python-version 3.11 --ignore-missing-imports \
 	--check-untyped-defs --cache-dir .mypy_cache/tests
 
-.PHONY: help setup run test test-quick test-e2e test-replicas test-fuzz lint proto-lint proto proto-check bench k8s-check clean
+.PHONY: help setup run test test-quick test-e2e test-replicas test-clients test-fuzz lint proto-lint proto proto-check bench k8s-check clean
 
 help:
 	@echo "make run         start the local stack (embedded stores, 5 services, a reference worker); REPLICAS=2: two of each"
@@ -23,6 +23,8 @@ help:
 	@echo "make test-fuzz   the long no-5xx run (schemathesis + body fuzz; HORDE_FUZZ_EXAMPLES=500)"
 	@echo "make test-quick  the tests without e2e and slow ones"
 	@echo "make test-replicas  the two-replica stacks: completions, failover, restart (CI runs it)"
+	@echo "make test-clients   real client libraries (OpenAI Node SDK, Vercel AI SDK, LangChain, LiteLLM, horde_sdk) and"
+	@echo "                    the docs pages in headless Chromium, against a local stack (CI runs it)"
 	@echo "make lint        ruff, format, complexity, mypy (src strict, tests), buf lint;  make proto / proto-check: regenerate / check gRPC code;  make k8s-check"
 	@echo "make bench       run the benchmarks in bench/"
 
@@ -59,6 +61,12 @@ test-e2e: setup
 # 50 completions, cancels, faults and kill -9 failover; supervisord's restart and stop. CI runs it after test.
 test-replicas: setup
 	@$(UV) run --no-sync pytest -m replicas tests/e2e $(PYTEST_ARGS)
+
+# Real clients against one local stack (tests/clients; about N min): installs what they need first (the npm
+# packages of tests/clients/js, Debian's chromium), then runs the tests with HORDE_CLIENT_TESTS=1.
+test-clients: setup
+	@bash tests/clients/setup.sh
+	@HORDE_CLIENT_TESTS=1 $(UV) run --no-sync pytest tests/clients -p no:cacheprovider $(PYTEST_ARGS)
 
 # The long no-5xx run: schemathesis over the four services' OpenAPI documents and the body fuzz
 # of every route, HORDE_FUZZ_EXAMPLES examples per operation (x12 per route for the body fuzz).
