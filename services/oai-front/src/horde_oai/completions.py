@@ -424,7 +424,7 @@ def stream_not_resumable() -> OpenAIError:
     return OpenAIError(
         404,
         "There is no stream to resume for this Last-Event-ID: it must name a relayed stream of the same API key "
-        "and the same request body, within 15 minutes of its last delta. Send the request without "
+        "and the same request body, within 15 minutes of the stream's start. Send the request without "
         "Last-Event-ID to start a new completion.",
         "stream_not_found",
         headers={"x-should-retry": "false"},

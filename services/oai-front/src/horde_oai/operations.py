@@ -5,11 +5,11 @@ The OpenAI SDKs retry a 408, 409, 429, 5xx or dropped connection with the same b
 attempt, so the Horde answers the retry with the first request (200 ``{id, kudos}``, docs/native-api.md
 #operation-key): no second row, no second charge, and the client gets the first request's outcome.
 
-A call is named by its *call key*: SHA-256 over its caller (the API key's digest; for the shared anonymous
-key, with the client's address) and either the client's Idempotency-Key or
-``horde.operation_key`` (kind ``idem``) or the request digest (kind ``body``: the native body without its
+A call is named by its *call key*: SHA-256 over its caller (the API key's digest) and either the client's
+Idempotency-Key or ``horde.operation_key`` (kind ``idem``) or the request digest (kind ``body``: the native body without its
 stream flag and operation key). Its record ``horde:oai:operation:<call key>`` is a hash on the front's stream
-database, kept :data:`OPERATION_RECORD_TTL_SECONDS` (the native request's expiry):
+database, kept :data:`OPERATION_RECORD_TTL_SECONDS` (the native request's expiry). Calls with the shared
+anonymous key keep no record (:data:`NO_RECORDS`): its callers cannot be told apart, so they never join.
 
 - ``op``: the operation key every attempt of the call submits with;
 - ``state``: ``open`` (a connection waits on it), ``retryable`` (none does: the last one ended with an error a
