@@ -44,7 +44,8 @@ run: setup
 		echo "make run: a local stack from this checkout is already running (pid $$(cat .local/run.pid)); stop it first" >&2; exit 1; fi
 	@echo $$$$ > .local/run.pid; exec .venv/bin/python -m horde_testing.local_stack run --dir .local
 
-test: setup
+# promtool: tests/k8s run the alerting rules' unit tests (mk/k8s.mk installs it on first use).
+test: setup promtool
 	@$(UV) run --no-sync coverage erase
 	@$(UV) run --no-sync coverage run -m pytest $(PYTEST_ARGS)
 	@echo "--- horde_contract branch coverage ---"

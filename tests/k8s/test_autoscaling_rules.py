@@ -9,8 +9,9 @@ from typing import Any
 
 import yaml
 from k8s_manifests import K8S, Objects, find, run
-from k8s_policy.autoscaling import adapter_metrics, check_adapter_rules, check_hpa_metrics, exported_metrics
+from k8s_policy.autoscaling import adapter_metrics, check_adapter_rules, check_hpa_metrics
 from k8s_policy.contract import ADAPTER_CONFIG
+from k8s_policy.metrics import exported_metrics
 
 CONFIG: dict[str, Any] = yaml.safe_load(ADAPTER_CONFIG.read_text())
 
@@ -34,6 +35,7 @@ def _hpa_metrics(objects: Objects, name: str) -> list[dict[str, Any]]:
 def test_the_code_exports_the_scaling_signals() -> None:
     exported = exported_metrics()
     assert exported["horde_text_queue_jobs"] == {"dispatch"}
+    assert exported["horde_worker_faults_total"] == {"worker"}
     assert exported["horde_oai_completions_in_flight"] == {"oai-front"}
     assert exported["horde_grpc_server_handled_total"] == {"*"}
     assert exported["horde_http_requests_in_flight"] == {"*"}
@@ -67,7 +69,8 @@ def test_adapter_rules_that_read_no_exported_series_are_refused() -> None:
         "rules[1]: metricsQuery reads neither <<.Series>> nor its series",
         "rules[1]: a Pods metric's rule must map labels to the namespace and pod resources",
         "externalRules[0]: seriesQuery 'horde_queue_depth{namespace!=\"\"}': horde_queue_depth is exported by no "
-        "code (services/*/src/**/*.py, libs/*/src/**/*.py)",
+        "code (services/*/src/**/*.py, libs/*/src/**/*.py, "
+        "worker/src/**/*.py)",
     ]
 
 
@@ -101,7 +104,8 @@ def test_the_adapter_configmap_is_checked_where_it_renders() -> None:
     }
     assert run(check_adapter_rules, [cm]) == [
         "ConfigMap/adapter-config: config.yaml rules[0]: seriesQuery 'horde_oai_renamed_gauge': "
-        "horde_oai_renamed_gauge is exported by no code (services/*/src/**/*.py, libs/*/src/**/*.py)"
+        "horde_oai_renamed_gauge is exported by no code (services/*/src/**/*.py, libs/*/src/**/*.py, "
+        "worker/src/**/*.py)"
     ]
     cm["data"]["config.yaml"] = yaml.safe_dump(CONFIG)
     assert run(check_adapter_rules, [cm]) == []

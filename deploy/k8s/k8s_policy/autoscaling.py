@@ -1,24 +1,20 @@
 """Autoscaling: every HPA keeps its CPU target; a metric an HPA scales on (External, Pods, Object) is one the
 Prometheus adapter's rules expose (monitoring/prometheus-adapter/config.yaml), and a Pods metric comes from the
-Deployment it scales; the adapter's rules are well formed and read only series the code exports (the
-instruments under services/*/src and libs/*/src), so a renamed metric fails the check instead of an HPA."""
+Deployment it scales; the adapter's rules are well formed and read only series the code exports (the metric
+catalogue of ``metrics``), so a renamed metric fails the check instead of an HPA."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from functools import cache
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-from .contract import ADAPTER_CONFIG, METRIC_SOURCES, REPO, SERVICE_DEPLOYMENTS
+from .contract import ADAPTER_CONFIG, REPO, SERVICE_DEPLOYMENTS
+from .metrics import exported_metrics, not_exported
 from .model import Target, ident
 
-#: ``counter("horde.x.y", ...)`` (horde_core.metrics, spec names) or ``Counter("horde_x_y", ...)``.
-_SPEC_INSTRUMENT = re.compile(r"\b(counter|gauge|histogram)\(\s*\"([a-z0-9_.]+)\"")
-_RAW_INSTRUMENT = re.compile(r"\b(Counter|Gauge|Histogram|Summary)\(\s*\"([a-zA-Z0-9_:]+)\"")
 _SERIES_NAME = re.compile(r"^\s*([a-zA-Z_:][a-zA-Z0-9_:]*)")
 _NAME_LABEL = re.compile(r"__name__\s*(=~|=)\s*\"([^\"]*)\"")
 _RULE_KEYS = {"seriesQuery", "seriesFilters", "resources", "name", "metricsQuery"}
@@ -29,35 +25,6 @@ _HPA_SOURCES = {
     "Pods": ("pods", "custom"),
     "Object": ("object", "custom"),
 }
-
-
-def _series(kind: str, name: str) -> list[str]:
-    """The series names prometheus_client exposes for an instrument."""
-    kind = kind.lower()
-    if kind == "counter":
-        return [name.removesuffix("_total") + "_total"]
-    if kind == "histogram":
-        return [name + "_bucket", name + "_sum", name + "_count"]
-    if kind == "summary":
-        return [name, name + "_sum", name + "_count"]
-    return [name]
-
-
-@cache
-def exported_metrics(repo: Path = REPO) -> dict[str, set[str]]:
-    """Series name -> the services exporting it (``services/<dir>``; ``*`` for a lib's, which every service has)."""
-    found: dict[str, set[str]] = {}
-    for pattern in METRIC_SOURCES:
-        for path in sorted(repo.glob(pattern)):
-            rel = path.relative_to(repo).parts
-            owner = rel[1] if rel[0] == "services" else "*"
-            text = path.read_text()
-            names = [(k, n.replace(".", "_")) for k, n in _SPEC_INSTRUMENT.findall(text)]
-            names += _RAW_INSTRUMENT.findall(text)
-            for kind, name in names:
-                for series in _series(kind, name):
-                    found.setdefault(series, set()).add(owner)
-    return found
 
 
 @dataclass
@@ -87,9 +54,7 @@ def _query_series(query: str, exported: dict[str, set[str]]) -> tuple[set[str], 
     if not names:
         return set(), [f"seriesQuery {query!r} names no metric"]
     missing = sorted(n for n in names if n not in exported)
-    return names, [
-        f"seriesQuery {query!r}: {n} is exported by no code ({', '.join(METRIC_SOURCES)})" for n in missing
-    ]
+    return names, [f"seriesQuery {query!r}: {not_exported(n)}" for n in missing]
 
 
 def _exposed_names(rule: dict[str, Any], series: set[str]) -> set[str]:

@@ -105,15 +105,53 @@ PORT_SETTINGS = {
 #: Autoscaling: the Prometheus adapter's rules (monitoring/prometheus-adapter) and where the code defines its
 #: Prometheus instruments (horde_core.metrics: spec names with ``.``; or prometheus_client's classes directly).
 ADAPTER_CONFIG = HERE / "monitoring" / "prometheus-adapter" / "config.yaml"
-METRIC_SOURCES = ("services/*/src/**/*.py", "libs/*/src/**/*.py")
-#: services/<dir> -> the Deployment running it (a lib's instruments are in every service).
+METRIC_SOURCES = ("services/*/src/**/*.py", "libs/*/src/**/*.py", "worker/src/**/*.py")
+#: services/<dir> (and the worker) -> the Deployment running it (a lib's instruments are in every service).
 SERVICE_DEPLOYMENTS = {
     "admission": "admission",
     "dispatch": "dispatch",
     "submit": "submit",
     "janitor": "janitor",
     "oai-front": "oai-front",
+    "worker": "worker",
 }
+#: Series every service serves without an instrument of ours: prometheus_client's default registry (the
+#: services' /metrics serves it: horde_core.app) adds the process and garbage-collector collectors. Name -> labels.
+RUNTIME_SERIES: dict[str, tuple[str, ...]] = {
+    "process_cpu_seconds_total": (),
+    "process_resident_memory_bytes": (),
+    "process_virtual_memory_bytes": (),
+    "process_start_time_seconds": (),
+    "process_open_fds": (),
+    "process_max_fds": (),
+    "python_gc_objects_collected_total": ("generation",),
+    "python_gc_collections_total": ("generation",),
+    "python_info": ("implementation", "major", "minor", "patchlevel", "version"),
+}
+#: Series the monitoring itself adds: Prometheus's per scrape target (``up``: 0 when the scrape failed), and the
+#: one kube-state-metrics series the alerts read (pod readiness: ``/readyz`` answers 503 when a store does not).
+SCRAPE_SERIES: dict[str, tuple[str, ...]] = {
+    "up": (),
+    "scrape_duration_seconds": (),
+    "kube_pod_status_ready": ("condition", "uid"),
+}
+#: The labels a pod scrape attaches to every series: the usual ``kubernetes-pods`` job that reads the
+#: prometheus.io/* annotations (namespace, pod) and a PodMonitor (namespace, pod, container, endpoint).
+TARGET_LABELS = ("namespace", "pod", "container", "job", "instance", "endpoint")
+
+#: Dashboards and alerts as code (monitoring/): the generator, the Grafana dashboards it writes, the Prometheus
+#: rule file with its unit tests, and the PrometheusRule object generated from it.
+MONITORING = HERE / "monitoring"
+MONITORING_GENERATOR = MONITORING / "generate.py"
+DASHBOARDS_DIR = MONITORING / "dashboards"
+RULES_FILE = MONITORING / "rules" / "horde-chat.rules.yaml"
+RULES_TESTS = MONITORING / "rules" / "horde-chat.rules.test.yaml"
+PROMETHEUS_RULE = MONITORING / "prometheus-operator" / "prometheusrule.yaml"
+#: Custom resource definitions the schema check validates custom resources against (prometheus-operator's
+#: PodMonitor and PrometheusRule, copied from its example/prometheus-operator-crd, v0.93.0).
+CRD_SCHEMAS = HERE / "tools" / "crds"
+#: promtool's lowest version the rule tests are written for (Debian bookworm ships 2.42).
+PROMTOOL_MIN_VERSION = (2, 42)
 
 WORKLOAD_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob"}
 CLUSTER_SCOPED = {

@@ -1,15 +1,22 @@
 """Strict validation of every rendered object against the Kubernetes OpenAPI schemas that the
-kubernetes-validate wheel ships (unknown fields are errors), for each Kubernetes version asked for."""
+kubernetes-validate wheel ships (unknown fields are errors), for each Kubernetes version asked for; custom
+resources (prometheus-operator's PodMonitor and PrometheusRule) against the CRDs kept in tools/crds, made strict
+the same way."""
 
 from __future__ import annotations
 
 import importlib.resources
 import json
 import re
+from functools import cache
+from pathlib import Path
+from typing import Any
 
 import jsonschema
+import yaml
 from referencing import Registry, Resource
 
+from .contract import CRD_SCHEMAS
 from .model import Target, ident
 
 
@@ -46,12 +53,53 @@ class Schemas:
             api = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
             path = self.dir / f"{kind.lower()}-{api}.json"
             if not path.is_file():
-                self.validators[key] = None
+                crd = crd_schema(kind, api_version)
+                self.validators[key] = None if crd is None else jsonschema.Draft202012Validator(crd)
             else:
                 schema = json.loads(path.read_text())
                 registry = Resource.from_contents(schema) @ self.registry
                 self.validators[key] = jsonschema.Draft202012Validator(schema, registry=registry)
         return self.validators[key]
+
+
+def _strict(schema: Any) -> Any:
+    """An OpenAPI v3 schema of a CRD as a strict JSON schema: an object with properties admits no others
+    (unless it preserves unknown fields), an int-or-string is either."""
+    if isinstance(schema, list):
+        return [_strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _strict(v) for k, v in schema.items()}
+    if (
+        "properties" in out
+        and "additionalProperties" not in out
+        and not out.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        out["additionalProperties"] = False
+    if out.get("x-kubernetes-int-or-string") and "type" not in out and "anyOf" not in out:
+        out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+    return out
+
+
+@cache
+def crd_schema(kind: str, api_version: str, crds: Path = CRD_SCHEMAS) -> dict[str, Any] | None:
+    """The strict schema of a custom resource from the CRDs in ``crds`` (None when none defines it)."""
+    group, _, version = api_version.rpartition("/")
+    for path in sorted(crds.glob("*.yaml")):
+        for crd in yaml.safe_load_all(path.read_text()):
+            spec = (crd or {}).get("spec") or {}
+            if spec.get("group") != group or (spec.get("names") or {}).get("kind") != kind:
+                continue
+            for v in spec.get("versions") or []:
+                if v.get("name") == version and v.get("served", True):
+                    schema = _strict((v.get("schema") or {}).get("openAPIV3Schema") or {})
+                    props = schema.setdefault("properties", {})
+                    props["apiVersion"] = {"type": "string", "enum": [api_version]}
+                    props["kind"] = {"type": "string", "enum": [kind]}
+                    schema["required"] = sorted({*schema.get("required", []), "apiVersion", "kind"})
+                    result: dict[str, Any] = schema
+                    return result
+    return None
 
 
 def _minor(version: str) -> tuple[int, int]:
