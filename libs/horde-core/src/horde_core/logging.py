@@ -5,6 +5,11 @@ line never makes the event loop wait on a full stderr pipe (a slow log collector
 its JSON formatting runs off the request path (one INFO line per submit was a tenth of submit's CPU).
 The backlog is bounded (:data:`LOG_BACKLOG_RECORDS`): while stderr is stalled, records past it are dropped and
 counted (``horde_log_records_dropped_total``), so a flood of log lines cannot grow the process's memory.
+
+Every line carries ``request_id``: the id of the HTTP request (or gRPC call) whose task logged it
+(:mod:`horde_core.request_id`), null outside one; a horde request's own id given in ``extra`` as ``request_id``
+is written as ``horde_request_id``. It is read where the record is made (:class:`RequestIdFilter` on
+the queueing handler), not in the writer thread, which sees no request's context.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from typing import Any
 from prometheus_client import Counter
 from pythonjsonlogger.json import JsonFormatter
 
+from horde_core.request_id import current_request_id
+
 #: Records waiting for the writer thread at most; past it a record is dropped (and counted).
 LOG_BACKLOG_RECORDS = 10_000
 DROPPED = Counter(
@@ -30,6 +37,21 @@ STOP_WAIT_SECONDS = 2.0
 STOP_JOIN_SECONDS = 10.0
 
 _listener: logging.handlers.QueueListener | None = None
+
+
+class RequestIdFilter(logging.Filter):
+    """Sets ``record.request_id`` to the current request id (None outside a request).
+
+    A ``request_id`` a call site gave in ``extra`` is a horde request's id (a waiting prompt's uuid: the chat
+    request a line is about), not the correlation id: it is kept as ``horde_request_id``.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        given = record.__dict__.get("request_id")
+        if given is not None and not hasattr(record, "horde_request_id"):
+            record.horde_request_id = given
+        record.request_id = current_request_id()
+        return True
 
 
 class _RecordQueueHandler(logging.handlers.QueueHandler):
@@ -75,8 +97,8 @@ def _stop_listener() -> None:
 
 
 def configure_logging(service: str, level: str = "INFO", json_output: bool = True) -> None:
-    """Route the root logger to stderr, as one JSON object per line carrying ``service``, through a writer
-    thread (see the module docstring); what is queued is written at interpreter exit.
+    """Route the root logger to stderr, as one JSON object per line carrying ``service`` and ``request_id``,
+    through a writer thread (see the module docstring); what is queued is written at interpreter exit.
 
     Idempotent: a second call replaces the handler and its thread rather than adding one.
     """
@@ -97,7 +119,9 @@ def configure_logging(service: str, level: str = "INFO", json_output: bool = Tru
     _listener = _Listener(records, handler)
     _listener.start()
     root = logging.getLogger()
-    root.handlers[:] = [_RecordQueueHandler(records)]
+    queued = _RecordQueueHandler(records)
+    queued.addFilter(RequestIdFilter())
+    root.handlers[:] = [queued]
     root.setLevel(level.upper())
     for noisy in ("uvicorn.access", "httpx", "botocore", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

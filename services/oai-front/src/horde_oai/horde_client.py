@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 from horde_contract.errors import RC
+from horde_core.request_id import outgoing_headers
 
 from horde_oai.errors import OpenAIError
 from horde_oai.metrics import NATIVE_CALL_DURATION, status_class
@@ -47,6 +48,12 @@ def horde_unavailable(detail: str) -> OpenAIError:
     return OpenAIError(502, f"The Horde could not be reached: {detail}", RC.HordeUnavailable)
 
 
+async def _send_request_id(request: httpx.Request) -> None:
+    """The front's request id goes onward as ``X-Request-ID`` (horde_core.request_id), so admission's log lines
+    of the call carry it too."""
+    request.headers.update(outgoing_headers())
+
+
 class HordeClient:
     """A thin async client of the native chat routes. One instance per process: every request's calls share
     its pool of keep-alive HTTP/1.1 connections (a new connection costs about 1 ms on loopback; the native
@@ -73,6 +80,7 @@ class HordeClient:
             headers={"Client-Agent": CLIENT_AGENT},
             transport=transport,
             limits=self.limits,
+            event_hooks={"request": [_send_request_id]},
         )
 
     async def aclose(self) -> None:
