@@ -18,6 +18,7 @@ import pytest
 from fastapi import FastAPI
 from horde_admission.app import create_app as admission_app
 from horde_core.app import DOCS_ASSETS_URL
+from horde_core.docs_policy import DOCS_CONTENT_SECURITY_POLICY
 from horde_dispatch.app import create_app as dispatch_app
 from horde_janitor.app import create_app as janitor_app
 from horde_oai.app import create_app as front_app
@@ -53,6 +54,8 @@ async def test_docs_pages_load_everything_from_the_process(
         r = await client.get(page)
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/html")
+        # Same origin only (horde_core.docs_policy): the browser refuses ReDoc's CDN logo before asking.
+        assert r.headers["content-security-policy"] == DOCS_CONTENT_SECURITY_POLICY
         urls = _loaded_urls(r.text)
         assert urls, r.text
         off_origin = [u for u in urls if not u.startswith("/")]
@@ -65,6 +68,7 @@ async def test_docs_pages_load_everything_from_the_process(
             assert len(loaded.content) > 100, url
         document = await client.get(app.openapi_url or "")
         assert document.status_code == 200
+        assert "content-security-policy" not in document.headers  # the pages only
         assert document.json()["paths"], f"{service} publishes no operations"
 
 

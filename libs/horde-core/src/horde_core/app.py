@@ -28,8 +28,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from horde_core.capacity import InFlightLimit
+from horde_core.docs_policy import DocsPolicy
 from horde_core.ratelimit import RouteLimitMiddleware
+from horde_core.request_id import install_request_id
 from horde_core.settings import HordeSettings
+from horde_core.tracing import instrument_app
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +197,10 @@ def create_app(
             static_url=DOCS_ASSETS_URL,
             **fastapi_kwargs,
         )
+        # Same-origin only on the viewer pages: ReDoc's bundle still fetches its logo from a CDN otherwise
+        # (horde_core.docs_policy).
+        viewers = (fastapi_kwargs.get("docs_url", "/docs"), fastapi_kwargs.get("redoc_url", "/redoc"))
+        app.add_middleware(DocsPolicy, paths=frozenset(p for p in viewers if p))
     app.state.service = service
     app.state.settings = settings
     app.state.readiness_checks = {}
@@ -226,6 +233,10 @@ def create_app(
     async def metrics() -> Response:
         return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
+    # Server spans when tracing is on (horde_core.tracing; the service's __main__ configured it): a no-op off.
+    instrument_app(app)
+    # X-Request-ID in and out, on every log line of the request (horde_core.request_id), around everything.
+    install_request_id(app)
     return app
 
 

@@ -33,7 +33,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from horde_core.grpc_errors import StoreOutageInterceptor, rewrap_unary
 from horde_core.metrics import counter
+from horde_core.request_id import RequestIdClientInterceptor, RequestIdServerInterceptor
 from horde_core.settings import HordeSettings
+from horde_core.tracing import grpc_client_interceptors, grpc_server_interceptors
 
 ServicerRegistrar = Callable[[grpc.aio.Server], None]
 
@@ -170,7 +172,14 @@ async def start_grpc_server(
     """
     # The counter is outermost, so it sees the UNAVAILABLE the outage interceptor answers.
     server = grpc.aio.server(
-        interceptors=[ServedCounterInterceptor(), StoreOutageInterceptor()], options=server_options(settings)
+        # Tracing's server span (none while off) first, so it covers the others.
+        interceptors=[
+            *grpc_server_interceptors(),
+            RequestIdServerInterceptor(),  # the caller's x-request-id, for every log line of the call
+            ServedCounterInterceptor(),
+            StoreOutageInterceptor(),
+        ],
+        options=server_options(settings),
     )
     register(server)
     health_servicer = health.aio.HealthServicer()
@@ -191,7 +200,13 @@ def insecure_channel(target: str) -> grpc.aio.Channel:
     """An aio channel to ``target`` that balances per call over every address it resolves (see the module:
     ``dns:///name:port``, ``ipv4:a:p1,b:p2`` or ``host:port``), retries the idempotent RPCs on UNAVAILABLE and
     keeps its connections alive."""
-    return grpc.aio.insecure_channel(target, options=channel_options())
+    # Tracing's client spans and traceparent (no interceptor while tracing is off).
+    return grpc.aio.insecure_channel(
+        target,
+        options=channel_options(),
+        # The request id as x-request-id metadata (horde_core.request_id).
+        interceptors=[*grpc_client_interceptors(), RequestIdClientInterceptor()],
+    )
 
 
 async def check_health(channel: grpc.aio.Channel, service: str = "", rpc_timeout: float = 2.0) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from horde_core.runner import serve
+from horde_core.tracing import configure_tracing
 
 from horde_admission.app import SERVICE, create_app
 from horde_admission.settings import AdmissionSettings
@@ -11,6 +12,7 @@ from horde_admission.settings import AdmissionSettings
 def main() -> None:
     """Build the settings and the app, then serve until SIGTERM/SIGINT."""
     settings = AdmissionSettings()
+    configure_tracing(SERVICE)  # before the app is built; off unless OTEL_EXPORTER_OTLP_* is set
     serve(create_app(settings), settings, settings.admission_http_port, SERVICE)
 
 

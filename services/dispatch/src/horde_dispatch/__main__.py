@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from horde_core.runner import serve
+from horde_core.tracing import configure_tracing
 
 from horde_dispatch.app import SERVICE, create_app
 from horde_dispatch.settings import DispatchSettings
@@ -12,6 +13,7 @@ from horde_dispatch.settings import DispatchSettings
 def main() -> None:
     """Build the settings and the app, then serve until SIGTERM/SIGINT."""
     settings = DispatchSettings()
+    configure_tracing(SERVICE)  # before the app is built; off unless OTEL_EXPORTER_OTLP_* is set
     serve(create_app(settings), settings, settings.dispatch_http_port, SERVICE)
 
 

@@ -4,6 +4,7 @@ metrics)."""
 from __future__ import annotations
 
 from horde_core.runner import serve
+from horde_core.tracing import configure_tracing
 
 from horde_janitor.app import SERVICE, create_app
 from horde_janitor.settings import JanitorSettings
@@ -12,6 +13,7 @@ from horde_janitor.settings import JanitorSettings
 def main() -> None:
     """Build the settings and the app, then serve until SIGTERM/SIGINT."""
     settings = JanitorSettings()
+    configure_tracing(SERVICE)  # before the app is built; off unless OTEL_EXPORTER_OTLP_* is set
     serve(create_app(settings), settings, settings.janitor_http_port, SERVICE)
 
 

@@ -11,6 +11,11 @@ on its feed. Recovery:
   skipped (the stream retains its entries);
 - a deleted or expired stream yields nothing, and a stream recreated with ids below the last id read yields
   nothing either: XREAD only returns ids above the one asked for.
+
+Tracing (docs/openai-front.md#telemetry): each non-empty read is one ``horde.oai.delta_read`` span, a root span
+(the reader serves every request, so it belongs to none of their traces) from the read's start until its entries
+are queued, with counts as attributes (:data:`DELTA_READ_SPAN`) and a link to the span of each request whose stream had
+entries (its server span, current when it registered). An empty read makes no span.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ import redis.asyncio as redis
 from horde_core.chat_stream import StreamEntry, progress_stream_key, request_id_of_stream
 from horde_core.redis_keys import relay_record_key
 from horde_core.tasks import stop_task
+from opentelemetry import context as otel_context
+from opentelemetry import trace
 
 from horde_oai.metrics import DELTA_READS
 
@@ -36,6 +43,13 @@ DELTA_READ_RETRY_SECONDS = 2.0
 DELTA_READ_COUNT = 500
 FIRST_ID = "0-0"
 
+#: The span of one non-empty read; its attributes are bounded counts (no request ids):
+#: ``horde.oai.delta_read.streams`` (the streams the read asked for), ``…streams_with_entries`` (those that
+#: answered with entries) and ``…entries`` (the entries read).
+DELTA_READ_SPAN = "horde.oai.delta_read"
+# A proxy until the process configures tracing (horde_core.tracing); non-recording spans while tracing is off.
+_tracer = trace.get_tracer(__name__)
+
 
 class DeltaFeed:
     """One registered connection: batches of :class:`StreamEntry` in stream order, one batch per read."""
@@ -45,6 +59,8 @@ class DeltaFeed:
         self.key = progress_stream_key(request_id)
         self.last_id = start_id
         self.batches: asyncio.Queue[list[StreamEntry]] = asyncio.Queue()
+        # The registering request's span (invalid while tracing is off): the delta_read spans link to it.
+        self.span_context = trace.get_current_span().get_span_context()
 
 
 def _id_key(entry_id: str) -> tuple[int, int]:
@@ -115,6 +131,7 @@ class DeltaStreamReader:
             if not positions:
                 continue
             started = time.monotonic()
+            started_ns = time.time_ns()
             try:
                 result = await asyncio.wait_for(self._read(positions), self.read_timeout)
             except asyncio.CancelledError:
@@ -130,7 +147,8 @@ class DeltaStreamReader:
                 continue
             if result:
                 DELTA_READS.labels(outcome="entries").inc()
-                self._deliver(result)
+                with trace.use_span(self._read_span(started_ns, len(positions), result), end_on_exit=True):
+                    self._deliver(result)
             elif time.monotonic() - started < self.block_ms / 2000:
                 # XREAD BLOCK answered at once with nothing (e.g. every key missing on some servers): don't spin.
                 await asyncio.sleep(self.block_ms / 1000)
@@ -138,6 +156,30 @@ class DeltaStreamReader:
     async def _read(self, positions: dict[str, str]) -> Any:
         assert self.client is not None
         return await self.client.xread(positions, count=DELTA_READ_COUNT, block=self.block_ms)  # type: ignore[arg-type]
+
+    def _read_span(self, started_ns: int, streams: int, result: Any) -> trace.Span:
+        """The :data:`DELTA_READ_SPAN` of one non-empty read of ``streams`` streams that started at
+        ``started_ns`` (a root span, linked to the requests whose streams had entries)."""
+        items = list(result.items() if isinstance(result, dict) else result)
+        answered = [(key.decode() if isinstance(key, bytes) else str(key), entries) for key, entries in items]
+        links = [
+            trace.Link(feed.span_context)
+            for key, entries in answered
+            if entries
+            for feed in self._feeds.get(key, [])
+            if feed.span_context.is_valid
+        ]
+        return _tracer.start_span(
+            DELTA_READ_SPAN,
+            context=otel_context.Context(),  # a root span, whatever is current
+            start_time=started_ns,
+            attributes={
+                "horde.oai.delta_read.streams": streams,
+                "horde.oai.delta_read.streams_with_entries": sum(1 for _, entries in answered if entries),
+                "horde.oai.delta_read.entries": sum(len(entries or ()) for _, entries in answered),
+            },
+            links=links,
+        )
 
     def _deliver(self, result: Any) -> None:
         items = result.items() if isinstance(result, dict) else result

@@ -4,6 +4,7 @@ HORDE_SUBMIT_GRPC_PORT, 7203)."""
 from __future__ import annotations
 
 from horde_core.runner import serve
+from horde_core.tracing import configure_tracing
 
 from horde_submit.app import SERVICE, create_app
 from horde_submit.settings import SubmitSettings
@@ -12,6 +13,7 @@ from horde_submit.settings import SubmitSettings
 def main() -> None:
     """Build the settings and the app, then serve until SIGTERM/SIGINT."""
     settings = SubmitSettings()
+    configure_tracing(SERVICE)  # before the app is built; off unless OTEL_EXPORTER_OTLP_* is set
     serve(create_app(settings), settings, settings.submit_http_port, SERVICE)
 
 
