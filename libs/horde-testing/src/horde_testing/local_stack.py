@@ -11,7 +11,8 @@
    horde_core.grpc) when a service runs several replicas; the front ``HORDE_OAI_HORDE_URL`` = the local
    proxy's ``/api`` when admission runs several (so the front's native calls are balanced and fail over as a
    client's are; Caddy passes its ``Proxy-Authorization`` / ``Proxied-For`` through, so the per-address limits
-   still count the front's clients; with one admission it calls it directly, as before); the scripts the
+   still count the front's clients; with one admission it calls it directly, on its port when that is not
+   the default); the scripts the
    ports to wait for and to print (``LOCAL_STACK_*``). A variable already set in the environment wins;
 4. writes ``<dir>/supervisor/supervisord.conf`` and execs ``supervisord -n`` on it (same pid: ``make run``'s
    ``.local/run.pid`` stays right).
@@ -150,8 +151,13 @@ def stack_env(env: Mapping[str, str], directory: Path, listen: str = DEFAULT_LIS
         key = f"HORDE_{service.upper()}_GRPC_TARGET"
         if counts[service] > 1 and not env.get(key):
             out[key] = grpc_target(service, env)
-    if counts["admission"] > 1 and not env.get("HORDE_OAI_HORDE_URL"):
-        out["HORDE_OAI_HORDE_URL"] = f"http://{listen}/api"
+    if not env.get("HORDE_OAI_HORDE_URL"):
+        admission = http_ports("admission", env)[0]
+        if counts["admission"] > 1:
+            out["HORDE_OAI_HORDE_URL"] = f"http://{listen}/api"
+        elif admission != default_port("HORDE_ADMISSION_HTTP_PORT"):
+            # One admission off its default port (LocalStack's port offset): the front's default names 7101.
+            out["HORDE_OAI_HORDE_URL"] = f"http://127.0.0.1:{admission}/api"
     return out
 
 
