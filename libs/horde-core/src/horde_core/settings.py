@@ -38,14 +38,21 @@ class HordeSettings(BaseSettings):
     database_url: str = "postgresql://postgres@127.0.0.1:5432/horde"
     redis_url: str = "redis://127.0.0.1:6379/0"
     s3_endpoint_url: str | None = None
-    s3_access_key_id: str = "horde"
-    s3_secret_access_key: str = "horde-secret"
+    #: S3 credentials. Unset (the default): boto3's own provider chain (``AWS_ACCESS_KEY_ID``/
+    #: ``AWS_SECRET_ACCESS_KEY``, a web identity token such as EKS IRSA, a profile, the instance role); set, they
+    #: win over the chain. ``make run`` and the tests set the embedded S3's dev credentials.
+    s3_access_key_id: str | None = None
+    s3_secret_access_key: str | None = None
     s3_region: str = "us-east-1"
     s3_image_bucket: str = "horde-chat-images"
     s3_messages_bucket: str | None = None
     secret_key: str = "horde-chat-dev-salt"
     db_pool_min_size: int = 1
     db_pool_max_size: int = 10
+    #: asyncpg's per-connection prepared statement cache (its ``statement_cache_size``; asyncpg's default,
+    #: 100). 0 behind a transaction-mode pooler (PgBouncer ``pool_mode=transaction``): every statement is then
+    #: an unnamed one, re-parsed each time, so none is looked up on a server connection that never saw it.
+    database_statement_cache_size: int = Field(default=100, ge=0)
 
     # Network: every process binds loopback by default (k8s sets 0.0.0.0).
     bind_host: str = "127.0.0.1"
@@ -125,6 +132,12 @@ class HordeSettings(BaseSettings):
                 f"{value!r} is not a rate limit such as '60/minute' or '2/second;90/minute'"
             ) from None
         return value
+
+    @field_validator("s3_access_key_id", "s3_secret_access_key")
+    @classmethod
+    def _empty_is_unset(cls, value: str | None) -> str | None:
+        """An empty key (a Secret holding ``""``) is no key: boto3's chain is used, not empty credentials."""
+        return value or None
 
     @field_validator("forwarded_allow_ips")
     @classmethod

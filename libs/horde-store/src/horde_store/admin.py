@@ -17,7 +17,8 @@
 Every command prints one JSON object on stdout. The database is ``--database-url`` or
 ``HORDE_DATABASE_URL``; Redis (IP timeouts, and the completion signals of the requests ``maintenance on``
 aborts) is ``--redis-url`` or ``HORDE_REDIS_URL``; the API-key salt is ``HORDE_SECRET_KEY`` (the dev salt
-when unset). Exit status: 0 success, 1 a refused operation (unknown user, taken username, database or Redis
+when unset); ``HORDE_DATABASE_STATEMENT_CACHE_SIZE=0`` behind a transaction-mode PgBouncer, as for the services
+(``migrate`` needs PostgreSQL itself: horde_store.db). Exit status: 0 success, 1 a refused operation (unknown user, taken username, database or Redis
 error), 2 bad usage. The operator controls are docs/operator-guide.md#operator-controls.
 """
 
@@ -37,7 +38,7 @@ import redis.asyncio as redis
 from horde_core.redis_keys import redis_client, signal_client
 
 from horde_store import modes, users
-from horde_store.db import connect
+from horde_store.db import DEFAULT_STATEMENT_CACHE_SIZE, connect
 from horde_store.migrate import MigrationError, migrate
 
 
@@ -117,6 +118,12 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _statement_cache_size() -> int:
+    """``HORDE_DATABASE_STATEMENT_CACHE_SIZE`` (asyncpg's statement cache; 0 behind a transaction pooler)."""
+    value = os.environ.get("HORDE_DATABASE_STATEMENT_CACHE_SIZE", "").strip()
+    return int(value) if value else DEFAULT_STATEMENT_CACHE_SIZE
+
+
 def _salt() -> str:
     return os.environ.get("HORDE_SECRET_KEY") or users.DEV_SECRET_KEY
 
@@ -134,7 +141,7 @@ async def _run(args: argparse.Namespace, dsn: str, redis_url: str | None) -> dic
             raise AdminError(str(exc)) from exc
         return {"applied": applied}
 
-    conn = await connect(dsn)
+    conn = await connect(dsn, statement_cache_size=_statement_cache_size())
     try:
         try:
             return await _run_on(conn, args)
@@ -245,7 +252,7 @@ async def _maintenance(on: bool, dsn: str, redis_url: str | None) -> dict[str, A
     signals = signal_client(redis_url) if redis_url else None
     if on and signals is None:
         print("horde-admin: warning: no Redis URL; aborted requests are not signalled", file=sys.stderr)
-    conn = await connect(dsn)
+    conn = await connect(dsn, statement_cache_size=_statement_cache_size())
     try:
         try:
             change = await modes.set_maintenance(conn, on, signals)

@@ -11,6 +11,18 @@ A released connection goes back to the pool without asyncpg's reset query (``RES
 ``CLOSE ALL``, advisory unlock): no service keeps session state on a pooled connection (no ``SET``, session
 advisory lock, ``LISTEN`` or cursor outside a transaction), and that query was one more round trip on every
 release, several per request. asyncpg still rolls back a transaction left open.
+
+Behind a transaction-mode pooler (PgBouncer ``pool_mode=transaction``; docs/operator-guide.md#pgbouncer) each
+transaction, and each statement outside one, may run on another server connection. What that needs:
+
+* no named prepared statements: ``HORDE_DATABASE_STATEMENT_CACHE_SIZE=0`` (asyncpg's ``statement_cache_size``),
+  so every statement is asyncpg's unnamed one, parsed again in the same round trip that runs it; no code here
+  calls ``Connection.prepare()`` (tests/e2e/test_pgbouncer_e2e.py runs the stack that way);
+* no session state, which the services already keep none of (above): the one advisory lock a service takes is
+  transaction-scoped (dispatch's worker creation, ``pg_advisory_xact_lock``), signals go through Redis pub/sub,
+  not ``LISTEN``/``NOTIFY`` (horde_core.queue_announce);
+* the migrator (``horde-admin migrate``, horde_store.migrate) holds a *session* advisory lock for its run and
+  must reach PostgreSQL directly (or through a session-mode pool).
 """
 
 from __future__ import annotations
@@ -35,6 +47,8 @@ ACQUIRE_TIMEOUT_SECONDS = 10.0
 #: One statement (asyncpg's ``command_timeout``; its default: none). Request-path statements take
 #: milliseconds; the longest (the janitor's batched sweeps) well under a second.
 COMMAND_TIMEOUT_SECONDS = 30.0
+#: asyncpg's prepared statement cache per connection (its default); 0 behind a transaction-mode pooler.
+DEFAULT_STATEMENT_CACHE_SIZE = 100
 
 
 def normalize_dsn(dsn: str) -> str:
@@ -96,7 +110,8 @@ async def create_pool(
 ) -> asyncpg.Pool:
     """An asyncpg pool on ``dsn`` with the json/jsonb codecs set on every connection and the timeouts above.
 
-    ``kwargs`` go to asyncpg (``command_timeout``, ``timeout``, ``max_queries``…); an ``init`` callback
+    ``kwargs`` go to asyncpg (``command_timeout``, ``timeout``, ``max_queries``, ``statement_cache_size``…); an
+    ``init`` callback
     given there runs after the codecs are set; ``acquire_timeout`` None waits for a connection forever.
     Raises what asyncpg raises when the server is unreachable (OSError, TimeoutError, asyncpg.PostgresError).
     """

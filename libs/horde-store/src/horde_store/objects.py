@@ -68,8 +68,8 @@ class S3Settings:
         ``s3_region``, ``s3_image_bucket``, ``s3_messages_bucket`` attributes (e.g. HordeSettings)."""
         return cls(
             endpoint_url=getattr(settings, "s3_endpoint_url", None),
-            access_key_id=getattr(settings, "s3_access_key_id", None),
-            secret_access_key=getattr(settings, "s3_secret_access_key", None),
+            access_key_id=getattr(settings, "s3_access_key_id", None) or None,
+            secret_access_key=getattr(settings, "s3_secret_access_key", None) or None,
             region=getattr(settings, "s3_region", None) or "us-east-1",
             image_bucket=getattr(settings, "s3_image_bucket", None) or DEFAULT_IMAGE_BUCKET,
             messages_bucket=getattr(settings, "s3_messages_bucket", None),
@@ -90,8 +90,10 @@ def make_s3_client(
     """A boto3 S3 client with path-style addressing and SigV4 (needed for presigned URLs on R2/MinIO).
 
     ``settings``: an :class:`S3Settings` or a settings object (see :meth:`S3Settings.from_settings`);
-    keyword arguments override it. Timeouts are seconds. Credentials left None fall back to boto3's
-    own chain (env, profile, instance role).
+    keyword arguments override it. Timeouts are seconds. Credentials left None (``HORDE_S3_ACCESS_KEY_ID`` and
+    ``HORDE_S3_SECRET_ACCESS_KEY`` unset, the default) fall back to boto3's own chain: ``AWS_ACCESS_KEY_ID``/
+    ``AWS_SECRET_ACCESS_KEY``, a web identity token (EKS IRSA: ``AWS_ROLE_ARN`` and
+    ``AWS_WEB_IDENTITY_TOKEN_FILE``), a profile, the container or instance role. Set, they win over the chain.
     """
     if settings is not None and not isinstance(settings, S3Settings):
         settings = S3Settings.from_settings(settings)

@@ -1,7 +1,8 @@
 """The stores of one service process, opened and closed the same way by every service's lifespan.
 
 :func:`open_stores` opens the PostgreSQL pool (:func:`horde_store.db.create_pool`, sized by
-``HORDE_DB_POOL_MIN_SIZE``/``HORDE_DB_POOL_MAX_SIZE``), a Redis client on the chat signal database
+``HORDE_DB_POOL_MIN_SIZE``/``HORDE_DB_POOL_MAX_SIZE``, its statement cache by
+``HORDE_DATABASE_STATEMENT_CACHE_SIZE``), a Redis client on the chat signal database
 (:func:`horde_core.redis_keys.signal_client`: completion signals, stream leases, queue announcements) and, when
 asked, a Redis client on the URL's own database (caches, rate limits, the image delete retry set) and an S3
 client (:func:`horde_store.objects.make_s3_client`). It registers the ``database`` and ``redis`` readiness
@@ -48,7 +49,10 @@ async def open_stores(
     :func:`horde_store.db.create_pool` raises when PostgreSQL is unreachable (the process then does not
     start)."""
     pool = await create_pool(
-        settings.database_url, min_size=settings.db_pool_min_size, max_size=settings.db_pool_max_size
+        settings.database_url,
+        min_size=settings.db_pool_min_size,
+        max_size=settings.db_pool_max_size,
+        statement_cache_size=settings.database_statement_cache_size,
     )
     signals = signal_client(settings.redis_url)
     cache_client = redis_client(settings.redis_url) if cache else None
