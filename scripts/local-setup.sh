@@ -22,6 +22,9 @@ done
 for _ in $(seq 1 300); do curl -sS -o /dev/null "$url/" 2>/dev/null && break; sleep 0.2; done
 # The worker starts on this file: after the services answer, so its first pop does not fail to connect.
 touch "$dir/ready"
+# The snippet runs the checkout's own interpreter by its absolute path: it works as printed from any directory
+# and without uv on PATH (tests/test_local_stack.py runs it so).
+py=$(printf %q "$PWD/.venv/bin/python")
 cat <<MSG
 
   Horde Chat is up. One URL for workers and clients:  $url
@@ -35,7 +38,7 @@ cat <<MSG
     -H "Authorization: Bearer $DEMO_KEY" -H "Content-Type: application/json" \\
     -d '{"model": "$MODEL", "messages": [{"role": "user", "content": "Hello, horde!"}]}'
 
-  uv run python -c 'from openai import OpenAI; c = OpenAI(base_url="$url/v1", api_key="$DEMO_KEY"); print(c.chat.completions.create(model="$MODEL", messages=[{"role": "user", "content": "Hello, horde!"}]).choices[0].message.content)'
+  $py -c 'from openai import OpenAI; c = OpenAI(base_url="$url/v1", api_key="$DEMO_KEY"); print(c.chat.completions.create(model="$MODEL", messages=[{"role": "user", "content": "Hello, horde!"}]).choices[0].message.content)'
 
 MSG
 exec sleep infinity

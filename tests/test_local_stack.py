@@ -1,7 +1,8 @@
 """The local stack's supervisor config (horde_testing.local_stack) and replica rule (horde_testing.replicas),
 generated from the real Procfile without starting anything: one program per replica on base port + 10·i, the
 gRPC target lists, the front's admission URL, restarts, the stop order, and refusals. The processes themselves
-(start, kill -9, restart, Ctrl-C) are tests/e2e/test_replicas_local.py."""
+(start, kill -9, restart, Ctrl-C) are tests/e2e/test_replicas_local.py; one stack is started here, to run the
+OpenAI-SDK line the setup step prints as printed, without uv."""
 
 from __future__ import annotations
 
@@ -190,3 +191,52 @@ def test_the_console_prefixes_each_line_with_its_process() -> None:
     assert stdout.getvalue() == "READY\n" + "RESULT 2\nOKREADY\n" * 4
     lines = [line.split(" ", 1)[1] for line in out.getvalue().splitlines()]  # without the time
     assert lines == ["admission-1  | one", "dispatch-0   | ünï 👋", "admission-1  | two"]
+
+
+def test_the_printed_python_snippet_runs_as_printed_without_uv(
+    horde_settings_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The OpenAI-SDK line ``make run`` prints (scripts/local-setup.sh) runs as printed, from another directory,
+    with a PATH that has no ``uv``: it names the checkout's interpreter by its absolute path. Started as ``make
+    run`` starts the stack (one of each, on free ports and this module's stores)."""
+    import os
+    import re
+    import shutil
+    import subprocess
+    import time
+
+    import httpx
+    from horde_testing.local_stack import LocalStack
+
+    stack = LocalStack(1, directory=tmp_path_factory.mktemp("ls"), env=horde_settings_env, root=ROOT)
+    with stack:
+        log = stack.log_text()
+        assert "Horde Chat is up." in log
+        (line,) = [ln for ln in log.splitlines() if "-c 'from openai import OpenAI" in ln]
+        snippet = line.split("|", 1)[1].strip()  # the console's "<time> setup | " prefix off
+        assert "uv run" not in snippet
+        assert snippet.startswith(str(ROOT / ".venv" / "bin" / "python")), snippet
+        assert stack.listen in snippet  # the stack's own URL, not make run's default
+        # Until the worker checks in its model is unknown (README: wait for /v1/models to list it).
+        deadline = time.monotonic() + 60
+        while (
+            "scripted/echo" not in httpx.get(f"{stack.urls.front}/models", timeout=10, trust_env=False).text
+        ):
+            assert time.monotonic() < deadline, "the worker's model was never listed"
+            time.sleep(0.2)
+        path = os.pathsep.join(p for p in ("/usr/local/bin", "/usr/bin", "/bin") if os.path.isdir(p))
+        assert shutil.which("uv", path=path) is None, f"uv is on {path}: pick a PATH without it"
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("HORDE_", "VIRTUAL_ENV", "UV_"))}
+        env["PATH"] = path
+        result = subprocess.run(
+            ["bash", "-c", snippet],
+            cwd=tmp_path_factory.mktemp("elsewhere"),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 0, result.stderr
+        assert re.fullmatch(r"Hello from the scripted backend: Hello, horde!\s*", result.stdout), (
+            result.stdout
+        )
