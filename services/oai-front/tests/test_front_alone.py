@@ -145,6 +145,7 @@ def test_docs_redirect_and_cors(lone_front):
     assert refused.headers["access-control-allow-origin"] == "*"
     assert "retry-after" in refused.headers["access-control-expose-headers"].lower()
     assert "x-should-retry" in refused.headers["access-control-expose-headers"].lower()
+    assert "x-request-id" in refused.headers["access-control-expose-headers"].lower()  # browsers may read it
 
 
 def test_lone_surrogate_is_400_not_500(lone_front):

@@ -113,7 +113,7 @@ def create_app(settings: OaiSettings | None = None) -> FastAPI:
         allow_origins=["*"],
         allow_methods=["*"],
         allow_headers=["*"],
-        expose_headers=["Retry-After", "x-should-retry"],
+        expose_headers=["Retry-After", "x-should-retry", "X-Request-ID"],
     )
     app.include_router(completions.router)
     app.include_router(models.router)
