@@ -31,7 +31,8 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from horde_core.grpc_errors import StoreOutageInterceptor, rewrap_unary
+from horde_core.grpc_errors import StoreOutageInterceptor
+from horde_core.grpc_handlers import rewrap_unary
 from horde_core.metrics import counter
 from horde_core.request_id import RequestIdClientInterceptor, RequestIdServerInterceptor
 from horde_core.settings import HordeSettings

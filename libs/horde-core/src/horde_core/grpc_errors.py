@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 
 from horde_core.app import store_outage_errors
+from horde_core.grpc_handlers import rewrap_unary
 
 log = logging.getLogger(__name__)
 
@@ -27,18 +28,6 @@ _UnaryBehavior = Callable[..., Any]
 def store_outage_detail(exc: BaseException) -> str:
     """The ``UNAVAILABLE`` detail for a store outage, e.g. ``"store unreachable: ConnectionRefusedError"``."""
     return f"store unreachable: {type(exc).__name__}"
-
-
-def rewrap_unary(
-    handler: grpc.RpcMethodHandler[Any, Any], behavior: Callable[..., Any]
-) -> grpc.RpcMethodHandler[Any, Any]:
-    """``handler`` with its unary-unary behaviour replaced by ``behavior`` (same (de)serializers): how a server
-    interceptor wraps a method."""
-    return grpc.unary_unary_rpc_method_handler(
-        behavior,
-        request_deserializer=handler.request_deserializer,
-        response_serializer=handler.response_serializer,
-    )
 
 
 class StoreOutageInterceptor(grpc.aio.ServerInterceptor):

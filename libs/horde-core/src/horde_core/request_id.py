@@ -29,6 +29,8 @@ from typing import Any
 import grpc
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from horde_core.grpc_handlers import rewrap_unary
+
 log = logging.getLogger(__name__)
 
 REQUEST_ID_HEADER = "X-Request-ID"
@@ -111,15 +113,16 @@ class RequestIdMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_id)
-        log.debug(
-            "request",
-            extra={
-                "method": scope.get("method"),
-                "path": scope.get("path"),
-                "status": status,
-                "duration_ms": round((time.perf_counter() - started) * 1000, 1),
-            },
-        )
+        if log.isEnabledFor(logging.DEBUG):  # the hot routes pay nothing for the line they do not log
+            log.debug(
+                "request",
+                extra={
+                    "method": scope.get("method"),
+                    "path": scope.get("path"),
+                    "status": status,
+                    "duration_ms": round((time.perf_counter() - started) * 1000, 1),
+                },
+            )
         _current.reset(token)
 
 
@@ -169,13 +172,7 @@ class RequestIdServerInterceptor(grpc.aio.ServerInterceptor):
                     extra={"method": method, "duration_ms": round((time.perf_counter() - started) * 1000, 1)},
                 )
 
-        # As horde_core.grpc_errors.rewrap_unary (not imported: that module imports the app factory, which
-        # imports this one).
-        return grpc.unary_unary_rpc_method_handler(
-            with_request_id,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+        return rewrap_unary(handler, with_request_id)
 
 
 class RequestIdClientInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
