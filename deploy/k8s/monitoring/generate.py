@@ -55,6 +55,17 @@ PROMETHEUS_RULE_FILE = HERE / "prometheus-operator" / "prometheusrule.yaml"
 #: The horde's Deployments (the reference worker's too), and their pods' names.
 SERVICES = ("admission", "dispatch", "submit", "janitor", "oai-front", "worker")
 SERVICE_POD = f"({'|'.join(SERVICES)})-[a-z0-9]+-[a-z0-9]+"
+#: The native services (horde_core's app factory; the front serves the same HTTP series, with no rc).
+NATIVE = ("admission", "dispatch", "submit", "janitor")
+NATIVE_POD = f"({'|'.join(NATIVE)})-[a-z0-9]+-[a-z0-9]+"
+HTTP_REQUESTS = "horde_http_server_requests_total"
+HTTP_DURATION = "horde_http_server_request_duration_seconds"
+#: The worker routes whose latency the pop and submit panels draw (the routes' own templates).
+POP_SUBMIT_ROUTES = 'route=~"/v2/generate/text/(pop|submit)"'
+#: The rc values of kudos refusals (docs/native-api.md#kudos).
+KUDOS_RCS = (
+    'rc=~"KudosUpfront|SharedKeyInsufficientKudos|SharedKeyEmpty|SharedKeyExpired|ChatKudosCapExceeded"'
+)
 NS = 'namespace="$namespace"'
 RATE = "$__rate_interval"
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
@@ -78,6 +89,13 @@ def rate(series: str, matchers: str = "") -> str:
 def quantile(q: float, histogram: str, by: Iterable[str] = (), matchers: str = "") -> str:
     labels = ", ".join(["le", *by])
     return f"histogram_quantile({q}, sum by ({labels}) ({rate(histogram + '_bucket', matchers)}))"
+
+
+def native_rate(by: str, matchers: str = "") -> str:
+    """``sum by (by) (rate(horde_http_server_requests_total{native pods, matchers}))``, ``service`` from the
+    pod's name when ``by`` names it."""
+    pods = f'pod=~"{NATIVE_POD}"' + (f", {matchers}" if matchers else "")
+    return f"sum by ({by}) ({by_service(rate(HTTP_REQUESTS, pods))})"
 
 
 # --- panels ------------------------------------------------------------------------------------------------
@@ -178,6 +196,16 @@ def _overview() -> list[Any]:
             span=4,
         ),
         single(
+            "Native 5xx share",
+            "percentunit",
+            "sum("
+            + rate(HTTP_REQUESTS, f'pod=~"{NATIVE_POD}", status=~"5..", rc!="ServiceAtCapacity"')
+            + ") "
+            "/ sum(" + rate(HTTP_REQUESTS, f'pod=~"{NATIVE_POD}"') + ")",
+            description="Share of the native services' HTTP requests answered 5xx, at-capacity refusals aside "
+            "(alert: HordeService5xxRatioHigh).",
+        ),
+        single(
             "Requests in flight",
             "none",
             f"sum(horde_http_requests_in_flight{{{NS}}})",
@@ -206,6 +234,40 @@ def _overview() -> list[Any]:
 
 def _requests() -> list[Any]:
     return [
+        graph(
+            "Native requests by service and status",
+            "reqps",
+            (native_rate("service, status"), "{{service}} {{status}}"),
+            description="Every HTTP request the native services answered (horde_http_server_requests_total; "
+            "/healthz, /readyz and /metrics are not counted).",
+            stacked=True,
+        ),
+        graph(
+            "Native requests by route",
+            "reqps",
+            (native_rate("service, route, method"), "{{service}} {{method}} {{route}}"),
+            description="By route template (a native route's own /v2/... template, whether called at /api/v2 or "
+            "/v2; unmatched: no route).",
+        ),
+        graph(
+            "Native refusals by rc",
+            "reqps",
+            (native_rate("service, status, rc", 'rc!=""'), "{{service}} {{status}} {{rc}}"),
+            description="Answers in the Horde error envelope, by its rc (docs/native-api.md#refusals).",
+            stacked=True,
+        ),
+        graph(
+            "Native 5xx share by service",
+            "percentunit",
+            (
+                native_rate("service", 'status=~"5..", rc!="ServiceAtCapacity"')
+                + " / "
+                + native_rate("service"),
+                "{{service}}",
+            ),
+            description="5xx answers (at-capacity refusals aside) as a share of each service's requests. "
+            "Alert: HordeService5xxRatioHigh.",
+        ),
         graph(
             "Front refusals by status and code",
             "reqps",
@@ -313,7 +375,23 @@ def _queue() -> list[Any]:
 
 
 def _pop_submit() -> list[Any]:
+    by = ["route"]
     return [
+        graph(
+            "Pop and submit latency",
+            "s",
+            (quantile(0.5, HTTP_DURATION, by, POP_SUBMIT_ROUTES), "p50 {{route}}"),
+            (quantile(0.95, HTTP_DURATION, by, POP_SUBMIT_ROUTES), "p95 {{route}}"),
+            (quantile(0.99, HTTP_DURATION, by, POP_SUBMIT_ROUTES), "p99 {{route}}"),
+            description="Seconds from a worker's pop or submit arriving to its answer (dispatch, submit). A pop "
+            "long-polls: its time includes the wait for a job.",
+        ),
+        graph(
+            "Pops and submits by status and rc",
+            "reqps",
+            (native_rate("route, status, rc", POP_SUBMIT_ROUTES), "{{route}} {{status}} {{rc}}"),
+            stacked=True,
+        ),
         graph(
             "Submits by outcome",
             "ops",
@@ -443,6 +521,20 @@ def _streaming() -> list[Any]:
 def _kudos() -> list[Any]:
     return [
         graph(
+            "Kudos flow",
+            "none",
+            (f"sum by (kind) ({rate('horde_kudos_transferred_total')})", "{{kind}}"),
+            description="Kudos per second moved by committed transactions: the workers' rewards and the "
+            "requesters' charges at settlement (submit; the charge holds the burn of 1 per generation) and the "
+            "horde tax at activation (admission).",
+        ),
+        graph(
+            "Native kudos refusals by rc",
+            "reqps",
+            (native_rate("route, rc", KUDOS_RCS), "{{rc}} {{route}}"),
+            description="Requests the native routes refused for kudos, whoever sent them (front or client).",
+        ),
+        graph(
             "Free allowance decisions",
             "ops",
             (
@@ -518,6 +610,20 @@ def _grpc() -> list[Any]:
 
 def _stores() -> list[Any]:
     return [
+        graph(
+            "Store up",
+            "none",
+            (
+                f"min by (store) (horde_store_up{{{NS}}})",
+                "{{store}} (worst pod)",
+            ),
+            (
+                f"count by (store) (horde_store_up{{{NS}}} == 0)",
+                "{{store}} pods failing",
+            ),
+            description="1 while every pod's /readyz ping of the store answers within 2 s (PostgreSQL, Redis; "
+            "S3 is probed there without failing readiness). Alert: HordeStoreDown.",
+        ),
         graph(
             "Redis errors",
             "ops",

@@ -29,6 +29,8 @@ from starlette.requests import ClientDisconnect
 
 from horde_core.capacity import InFlightLimit
 from horde_core.docs_policy import DocsPolicy
+from horde_core.http_metrics import install_http_metrics, note_rc
+from horde_core.metrics import gauge
 from horde_core.ratelimit import RouteLimitMiddleware
 from horde_core.request_id import install_request_id
 from horde_core.settings import HordeSettings
@@ -40,6 +42,14 @@ ReadinessCheck = Callable[[], Awaitable[object]]
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 
 READINESS_TIMEOUT_SECONDS = 2.0
+#: The ``store`` label of ``horde_store_up`` for each readiness check that pings a store.
+STORE_OF_CHECK = {"database": "postgres", "redis": "redis", "s3": "s3"}
+
+STORE_UP = gauge(
+    "horde.store.up",
+    "1 when the store answered this process's last /readyz ping within 2 s, else 0 (postgres, redis, s3)",
+    ["horde.store"],
+)
 #: Where every process serves the Swagger UI and ReDoc assets its /docs and /redoc pages load (under /docs, so
 #: the one horde URL's /docs route reaches the front's).
 DOCS_ASSETS_URL = "/docs/assets"
@@ -83,13 +93,16 @@ def store_outage_errors() -> tuple[type[Exception], ...]:
 def install_horde_error_handlers(app: FastAPI) -> None:
     """Map every error to ``{"message", "rc"}`` with its status (docs/native-api.md#refusals)."""
 
+    # Each handler notes its rc for the request counter (horde_core.http_metrics), which reads no body.
     @app.exception_handler(HordeError)
-    async def _horde_error(_: Request, exc: HordeError) -> JSONResponse:
+    async def _horde_error(request: Request, exc: HordeError) -> JSONResponse:
+        note_rc(request.scope, exc.rc)
         return JSONResponse(status_code=exc.status, content=exc.to_body(), headers=exc.headers)
 
-    async def _store_unreachable(_: Request, exc: Exception) -> JSONResponse:
+    async def _store_unreachable(request: Request, exc: Exception) -> JSONResponse:
         # A store that refuses or drops connections is an outage to retry, not a server bug.
         log.warning("store unreachable: %s: %s", type(exc).__name__, exc)
+        note_rc(request.scope, RC.ServiceUnavailable)
         return JSONResponse(
             status_code=503,
             content={
@@ -103,19 +116,22 @@ def install_horde_error_handlers(app: FastAPI) -> None:
         app.add_exception_handler(outage, _store_unreachable)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        note_rc(request.scope, RC.BadRequest)
         return JSONResponse(
             status_code=400, content={"message": validation_message(exc), "rc": RC.BadRequest}
         )
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         rc = {404: RC.NotFound, 405: RC.MethodNotAllowed}.get(exc.status_code, RC.BadRequest)
+        note_rc(request.scope, rc)
         return JSONResponse(status_code=exc.status_code, content={"message": str(exc.detail), "rc": rc})
 
     @app.exception_handler(Exception)
-    async def _unhandled(_: Request, exc: Exception) -> JSONResponse:
+    async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error", exc_info=exc)
+        note_rc(request.scope, RC.InternalServerError)
         return JSONResponse(
             status_code=500, content={"message": "Internal Server Error", "rc": RC.InternalServerError}
         )
@@ -143,11 +159,17 @@ async def run_readiness(checks: Mapping[str, ReadinessCheck]) -> tuple[bool, dic
 
 
 def add_store_readiness(
-    app: FastAPI, *, pool: Any | None = None, redis_ping: ReadinessCheck | None = None
+    app: FastAPI,
+    *,
+    pool: Any | None = None,
+    redis_ping: ReadinessCheck | None = None,
+    s3_ping: ReadinessCheck | None = None,
 ) -> None:
     """Register the readiness checks of a process's stores, named the same in every service: ``database``
     (``SELECT 1`` on the asyncpg ``pool``) and ``redis`` (``redis_ping``, e.g. a client's bound ``ping``). A
-    store left None gets no check."""
+    store left None gets no check. ``s3_ping`` is a probe, not a check: ``/readyz`` runs it beside the checks
+    for ``horde_store_up{store="s3"}`` only, so an object store outage never makes the pod unready (only
+    requests with images or offloaded messages need it)."""
     if pool is not None:
 
         async def database() -> object:
@@ -156,6 +178,8 @@ def add_store_readiness(
         app.state.readiness_checks["database"] = database
     if redis_ping is not None:
         app.state.readiness_checks["redis"] = redis_ping
+    if s3_ping is not None:
+        app.state.store_probes["s3"] = s3_ping
 
 
 def create_app(
@@ -172,8 +196,12 @@ def create_app(
 
     - ``GET /healthz``: 200 ``{"status": "ok", "service": ...}`` while the process runs.
     - ``GET /readyz``: 200 when every check in ``app.state.readiness_checks`` passes within 2 s, else 503
-      with each check's result.
+      with each check's result; each store check's result, and each probe's of ``app.state.store_probes``
+      (run beside them, never failing readiness), also sets ``horde_store_up{store}``.
     - ``GET /metrics``: the Prometheus text exposition of the default registry.
+    - Every other request counted and timed by route template, status and rc
+      (:mod:`horde_core.http_metrics`: ``horde_http_server_requests_total``,
+      ``horde_http_server_request_duration_seconds``).
     - A client that disconnects while its body is read gets 499 and no error log.
     - With ``horde_errors``, the in-flight cap (:class:`horde_core.capacity.InFlightLimit`,
       HORDE_MAX_IN_FLIGHT_REQUESTS): 503 ServiceAtCapacity with Retry-After past it.
@@ -204,6 +232,7 @@ def create_app(
     app.state.service = service
     app.state.settings = settings
     app.state.readiness_checks = {}
+    app.state.store_probes = {}
     app.add_middleware(RouteLimitMiddleware, state=app.state)
     if horde_errors:
         # Added last, so it runs first: a request past the cap costs no rate-limit round trip. The front has
@@ -223,7 +252,14 @@ def create_app(
 
     @app.get("/readyz", include_in_schema=False)
     async def readyz() -> JSONResponse:
-        ok, results = await run_readiness(app.state.readiness_checks)
+        (ok, results), (_, probed) = await asyncio.gather(
+            run_readiness(app.state.readiness_checks), run_readiness(app.state.store_probes)
+        )
+        # horde_store_up: set by these pings only (the kubelet's readiness probe polls them every few seconds).
+        for name, result in {**results, **probed}.items():
+            store = STORE_OF_CHECK.get(name)
+            if store is not None:
+                STORE_UP.labels(store).set(1 if result == "ok" else 0)
         return JSONResponse(
             status_code=200 if ok else 503,
             content={"status": "ready" if ok else "unready", "service": service, "checks": results},
@@ -235,6 +271,9 @@ def create_app(
 
     # Server spans when tracing is on (horde_core.tracing; the service's __main__ configured it): a no-op off.
     instrument_app(app)
+    # Request counts and durations by route template, status and rc (horde_core.http_metrics), around
+    # Starlette's error middleware so its 500s are counted; inside the request id.
+    install_http_metrics(app)
     # X-Request-ID in and out, on every log line of the request (horde_core.request_id), around everything.
     install_request_id(app)
     return app

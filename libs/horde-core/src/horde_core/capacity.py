@@ -20,6 +20,8 @@ from prometheus_client import Counter, Gauge
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from horde_core.http_metrics import note_rc
+
 CAPACITY_RETRY_AFTER_SECONDS = 1
 CAPACITY_MESSAGE = "This service has too many requests in flight right now; retry shortly."
 UNCOUNTED_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
@@ -57,6 +59,7 @@ class InFlightLimit:
         limit = self._limit()
         if limit and self.in_flight >= limit:
             REFUSED.inc()
+            note_rc(scope, RC.ServiceAtCapacity)
             response = JSONResponse(
                 {"message": CAPACITY_MESSAGE, "rc": RC.ServiceAtCapacity.value},
                 status_code=503,

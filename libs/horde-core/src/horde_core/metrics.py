@@ -3,7 +3,8 @@
 Each process uses the default registry; ``/metrics`` serves it. Instruments are created once at import of
 the module that owns them, via :func:`counter` / :func:`histogram` / :func:`gauge`, which return the existing
 collector when a name is registered twice (tests build several apps in one process). The label values several
-services share are computed here: :func:`size_bucket`, :func:`flag`, :func:`requester_kind`.
+services share are computed here: :func:`size_bucket`, :func:`flag`, :func:`requester_kind`; and so is the one
+instrument two services record, ``horde.kudos.transferred`` (:func:`record_kudos`).
 """
 
 from __future__ import annotations
@@ -141,3 +142,22 @@ def gauge(spec_name: str, documentation: str, attributes: Sequence[str] = ()) ->
     if isinstance(found, Gauge):
         return found
     return Gauge(name, documentation, [label_name(a) for a in attributes])
+
+
+#: The kinds of ``horde.kudos.transferred``: the worker's reward (paid to its owner, spendable and escrow) and
+#: the requester's charge (the reward plus the burn, or the burn alone for a censored reply) at each settled
+#: generation (submit), and the horde tax at a request's activation (admission).
+KUDOS_KINDS: tuple[str, ...] = ("worker_reward", "requester_charge", "horde_tax")
+
+KUDOS_TRANSFERRED = counter(
+    "horde.kudos.transferred",
+    "Kudos moved by committed transactions: worker_reward, requester_charge (settlement), horde_tax (activation)",
+    ["horde.kind"],
+)
+
+
+def record_kudos(kind: str, amount: float) -> None:
+    """Count ``amount`` kudos of ``kind`` (one of :data:`KUDOS_KINDS`) on ``horde.kudos.transferred``; call it
+    once the transaction that moved them has committed. A non-positive amount counts nothing."""
+    if amount > 0:
+        KUDOS_TRANSFERRED.labels(kind).inc(amount)

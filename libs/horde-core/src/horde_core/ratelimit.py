@@ -31,6 +31,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from horde_core.http_metrics import note_rc
 from horde_core.metrics import counter
 from horde_core.settings import HordeSettings
 
@@ -51,7 +52,17 @@ MAX_ADDRESS_LENGTH = 64
 FAIL_OPEN_LOG_INTERVAL_SECONDS = 10.0
 
 
-def _known_passkey(passkey: str, passkeys: Iterable[str]) -> bool:
+#: The header a horde proxy (the front) sends its passkey in.
+PROXY_PASSKEY_HEADER = "Proxy-Authorization"
+
+
+def known_proxy_passkey(passkey: str | None, passkeys: Iterable[str]) -> bool:
+    """Whether ``passkey`` (a request's :data:`PROXY_PASSKEY_HEADER`) is one of ``passkeys`` (the service's
+    ``proxy_passkeys``, admission's ``HORDE_PROXY_PASSKEYS``), compared in constant time: the one rule that
+    marks a request as sent by a trusted horde process, for :func:`client_address` and for the trace context
+    :mod:`horde_core.tracing` honours."""
+    if not passkey:
+        return False
     return any(hmac.compare_digest(passkey.encode(), known.encode()) for known in passkeys if known)
 
 
@@ -62,9 +73,9 @@ def client_address(request: Request, proxy_passkeys: Iterable[str] = ()) -> str:
     trusted proxy (``HORDE_FORWARDED_ALLOW_IPS``); or the first ``Proxied-For`` address when the request carries
     a known proxy passkey in ``Proxy-Authorization`` (the front forwarding its client, docs/native-api.md#rate-limits).
     """
-    passkey = request.headers.get("Proxy-Authorization")
+    passkey = request.headers.get(PROXY_PASSKEY_HEADER)
     proxied_for = request.headers.get("Proxied-For")
-    if passkey and proxied_for and _known_passkey(passkey, proxy_passkeys):
+    if proxied_for and known_proxy_passkey(passkey, proxy_passkeys):
         forwarded = proxied_for.split(",")[0].strip()
         if forwarded and len(forwarded) <= MAX_ADDRESS_LENGTH:
             return forwarded
@@ -189,7 +200,7 @@ ROUTE_LIMITS: tuple[RouteLimit, ...] = (
         "horde_info",
         frozenset({"GET"}),
         re.compile(
-            r"/v2/(?:find_user|users/[^/]+|status/(?:heartbeat|performance|modes|news)|stats/text/models)/?"
+            r"/v2/(?:find_user|users/[^/]+|status/(?:heartbeat|performance|modes|news)|stats/text/(?:models|totals))/?"
         ),
         "read_request_limit_per_ip",
     ),
@@ -249,6 +260,7 @@ class RouteLimitMiddleware:
                 try:
                     await limiter.check(Request(scope), *found)
                 except HordeError as exc:
+                    note_rc(scope, exc.rc)
                     response = JSONResponse(exc.to_body(), status_code=exc.status, headers=exc.headers)
                     await response(scope, receive, send)
                     return

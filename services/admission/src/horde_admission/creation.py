@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import horde_contract as contract
 from horde_contract.errors import HordeError
 from horde_core import queue_announce
-from horde_core.metrics import size_bucket
+from horde_core.metrics import record_kudos, size_bucket
 
 from horde_admission import kudos, offload, store
 from horde_admission.auth import Requester
@@ -189,6 +189,8 @@ async def create_or_refuse(
         except store.HoldRefused as refused_again:
             raise funding.refusal(refused_again) from None
     funding.record(outcome)
+    # The creating transaction committed: the horde tax it took (horde.kudos.transferred).
+    record_kudos("horde_tax", new.tax)
     await announce_request(state, request_id, new)
     return request_id
 

@@ -23,6 +23,7 @@ import asyncpg
 import redis.asyncio as redis
 from horde_contract import TextModelReference
 from horde_core.chat_stream import read_accepted_bytes, read_generation_entries
+from horde_core.metrics import record_kudos
 
 from horde_submit import generations as gens
 from horde_submit import pricing
@@ -109,6 +110,15 @@ def price_settlement(
     )
 
 
+def record_settled_kudos(ctx: gens.GenerationContext, settlement: gens.Settlement) -> None:
+    """Count what a committed settlement moved on ``horde.kudos.transferred``: the worker's reward (to its
+    owner) and the requester's charge; a fake generation moves nothing. Never call it before the commit."""
+    if ctx.fake:
+        return
+    record_kudos("worker_reward", settlement.reward)
+    record_kudos("requester_charge", settlement.charge)
+
+
 async def settle_cancelled_context(
     pool: asyncpg.Pool,
     signal: redis.Redis | None,
@@ -134,6 +144,7 @@ async def settle_cancelled_context(
         settled = await gens.settle_cancelled(conn, ctx, characters, settlement)
     if not settled:
         return CancelSettlement(settled=False)
+    record_settled_kudos(ctx, settlement)
     log.info(
         "cancelled generation settled",
         extra={

@@ -79,7 +79,12 @@ from horde_submit.metrics import (
     SUBMIT_OUTCOMES,
     WORKER_FAULTS,
 )
-from horde_submit.settle import generation_reward, price_settlement, settle_cancelled_context
+from horde_submit.settle import (
+    generation_reward,
+    price_settlement,
+    record_settled_kudos,
+    settle_cancelled_context,
+)
 from horde_submit.state import get_state
 
 log = logging.getLogger(__name__)
@@ -372,6 +377,8 @@ class Submitter:
             now = await self._settle_if_cancelled(now, "submit")
             raise self._state_error(now) or duplicate_gen(ctx.id)
         SUBMIT_OUTCOMES.labels("stored").inc()
+        # Committed (the single statement, or the transaction above): count the kudos it moved.
+        record_settled_kudos(ctx, settlement)
         self._log_done(ctx, claim, result, reward, characters, dropped_tool_calls)
         if not ctx.fake:
             if claim.generation == "" and not (claim.message or {}).get("tool_calls"):
