@@ -184,6 +184,9 @@ TRICKY = [
     "/api/v2/generate/chat/async",
     "/api/v2/generate/chat/status/x",
     "/api/v2/status/models",
+    "/api/v2/status/models/koboldcpp/some-model",
+    "/api/v2/stats/text/models",
+    "/api/v2/stats/text/totals",
     "/api",
     "/apix",
     "/API/v2/generate/text/pop",
@@ -232,6 +235,8 @@ def test_the_tricky_paths_by_name(client: httpx.Client) -> None:
     assert backend["/api/v2/generate/text/pop"] == "dispatch"
     assert backend["/api/v2/generate/text/popx"] == "admission"
     assert backend["/api/v2/generate/text/status/x"] == "admission"
+    assert backend["/api/v2/status/models/koboldcpp/some-model"] == "admission"
+    assert backend["/api/v2/stats/text/totals"] == "admission"
     assert backend["/api/v2/generate/text/submit"] == "submit"
     assert backend["/api/v2/generate/text/progress"] == "submit"
     assert backend["/v1/chat/completions"] == "oai-front"

@@ -17,7 +17,6 @@ import time
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
-import httpx
 import pytest
 from horde_sdk import RequestErrorResponse
 from horde_sdk.ai_horde_api.ai_horde_clients import AIHordeAPIManualClient, AIHordeAPISimpleClient
@@ -29,6 +28,8 @@ from horde_sdk.ai_horde_api.apimodels import (
     HordePerformanceResponse,
     HordeStatusModelsAllRequest,
     HordeStatusModelsAllResponse,
+    HordeStatusModelsSingleRequest,
+    HordeStatusModelsSingleResponse,
     JobSubmitResponse,
     SingleWorkerDetailsResponse,
     SingleWorkerNameDetailsRequest,
@@ -41,6 +42,8 @@ from horde_sdk.ai_horde_api.apimodels import (
     TextGenerationJobSubmitRequest,
     TextStatsModelResponse,
     TextStatsModelsRequest,
+    TextStatsModelsTotalRequest,
+    TextStatsModelsTotalResponse,
     UserDetailsResponse,
 )
 from horde_sdk.ai_horde_api.apimodels import base as sdk_base
@@ -146,6 +149,25 @@ def test_model_list(horde: Horde) -> None:
     assert all(not m.model_extra for m in response.root)
 
 
+def test_single_model_status(horde: Horde) -> None:
+    """One model's statistics: a list with its entry (the name holds a /, sent as is); [] for a model no online
+    worker serves, as upstream."""
+    response = _submit(
+        HordeStatusModelsSingleRequest(model_name=horde.model), HordeStatusModelsSingleResponse
+    )
+
+    [echo] = response.root
+    assert (echo.name, echo.type_) == (horde.model, MODEL_TYPE.text)
+    assert echo.count is not None and echo.count >= 1
+    assert echo.queued is not None and echo.eta is not None
+    assert not echo.model_extra
+
+    unknown = _submit(
+        HordeStatusModelsSingleRequest(model_name="nobody/serves-this"), HordeStatusModelsSingleResponse
+    )
+    assert unknown.root == []
+
+
 def test_find_user_with_the_demo_key(horde: Horde) -> None:
     user = _submit(FindUserRequest(apikey=horde.api_key), UserDetailsResponse)
 
@@ -219,20 +241,29 @@ def test_text_stats_models(horde: Horde) -> None:
     assert stats.month.get(horde.model, 0) >= 1
 
 
+def test_text_stats_totals(horde: Horde) -> None:
+    queued = _submit(_text_request(horde.api_key, "Total me", horde.model, 16), TextGenerateAsyncResponse)
+    assert queued.id_ is not None
+    assert _wait_done(queued.id_).generations[0].text == f"{GREETING} Total me"
+
+    totals = _submit(TextStatsModelsTotalRequest(), TextStatsModelsTotalResponse)
+
+    periods = (totals.minute, totals.hour, totals.day, totals.month, totals.total)
+    assert all(set(p) == {"requests", "tokens"} for p in periods)
+    # the generation just completed, in every period (a text reply counts its request's max_length, 16)
+    assert all(p["requests"] >= 1 and p["tokens"] >= 16 for p in periods)
+    requests = [p["requests"] for p in periods]
+    assert requests == sorted(requests)  # each period holds the shorter ones
+    assert not totals.model_extra
+
+
 def test_worker_pop_submit_round_trip(horde: Horde) -> None:
     """horde_sdk as a worker: pop a job, submit its text; the requester's status shows it."""
-    # The worker's first pop checks it in, so that its model is known; nothing is queued for it yet. That pop
-    # goes without the SDK: horde_sdk cannot parse our empty pop ({id: null, ids: [], skipped}: its
-    # TextGenerateJobPopResponse requires `payload`, which the AI Horde always marshals).
-    checked_in = httpx.post(
-        f"{horde.url}/api/v2/generate/text/pop",
-        headers={"apikey": horde.worker_key},
-        json=POP,
-        timeout=30,
-        trust_env=False,
-    )
-    assert checked_in.status_code == 200, checked_in.text
-    assert checked_in.json()["ids"] == []
+    # The worker's first pop checks it in, so that its model is known; nothing is queued for it yet, so the
+    # answer is the empty pop, which the SDK parses too (an empty payload, no id, no model).
+    idle = _submit(_pop(horde), TextGenerateJobPopResponse)
+    assert (idle.id_, idle.ids, idle.model) == (None, [], None)
+    assert idle.payload.prompt is None and not idle.payload.model_extra
 
     prompt = "A prompt for the SDK worker"
     queued = _submit(

@@ -198,7 +198,7 @@ async def test_a_waiting_pop_answers_empty_when_its_time_is_up(
             )
             elapsed = time.monotonic() - started
             assert r.status_code == 200, r.text
-            assert r.json() == {"id": None, "ids": [], "skipped": {}}
+            assert r.json() == {"payload": {}, "id": None, "ids": [], "skipped": {}}
             assert 1.0 <= elapsed < 3.0, elapsed
 
 
@@ -245,4 +245,4 @@ async def test_sigterm_answers_the_waiting_pops_of_a_dispatch_process_at_once(
         os.kill(pid, signal.SIGTERM)
         r = await asyncio.wait_for(task, 10)
         assert time.monotonic() - started < 3.0
-        assert (r.status_code, r.json()) == (200, {"id": None, "ids": [], "skipped": {}})
+        assert (r.status_code, r.json()) == (200, {"payload": {}, "id": None, "ids": [], "skipped": {}})

@@ -140,7 +140,7 @@ async def test_the_pop_timeout_outlasts_the_wait(monkeypatch: pytest.MonkeyPatch
 
         async def post(url: str, **kwargs: Any) -> httpx.Response:
             seen.append(kwargs.get("timeout"))
-            return httpx.Response(200, json={"id": None, "ids": [], "skipped": {}})
+            return httpx.Response(200, json={"payload": {}, "id": None, "ids": [], "skipped": {}})
 
         monkeypatch.setattr(worker.http, "post", post)
         await worker._pop(horde.url + "/api/v2/generate/text/pop")

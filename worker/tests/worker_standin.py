@@ -220,7 +220,7 @@ class StandInHorde:
             if self.pop_script:
                 return self.pop_script.popleft()
             if not self.jobs:
-                return 200, {"id": None, "ids": [], "skipped": {}}
+                return 200, {"payload": {}, "id": None, "ids": [], "skipped": {}}
             job = dict(self.jobs.popleft())
             if job.get("chat"):
                 job["model"] = body.get("model_id")

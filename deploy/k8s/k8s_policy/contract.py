@@ -22,6 +22,8 @@ EXPECTED_ROUTES = {
     "/api/v2/generate/text/async": "admission",
     "/api/v2/generate/text/status/abc": "admission",
     "/api/v2/status/models": "admission",
+    "/api/v2/status/models/koboldcpp/some-model": "admission",
+    "/api/v2/stats/text/totals": "admission",
     "/api/v2/workers": "dispatch",
     "/v1/chat/completions": "oai-front",
     "/v1/models": "oai-front",

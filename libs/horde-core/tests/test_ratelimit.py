@@ -111,9 +111,12 @@ async def test_upstream_numbers_are_the_defaults() -> None:
         ("GET", "/api/v2/status/modes", "horde_info"),
         ("GET", "/api/v2/status/news", "horde_info"),
         ("GET", "/api/v2/stats/text/models", "horde_info"),
+        ("GET", "/v2/stats/text/totals", "horde_info"),
+        ("GET", "/api/v2/stats/text/totals", "horde_info"),
         ("PUT", "/api/v2/workers", None),
         ("GET", "/api/v2/users", None),
         ("GET", "/api/v2/status/models", None),
+        ("GET", "/api/v2/status/models/koboldcpp/some-model", None),  # as the list: served from its cache
     ],
 )
 def test_the_horde_read_routes_and_worker_changes_are_limited(

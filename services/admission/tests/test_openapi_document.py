@@ -45,6 +45,7 @@ def test_every_route_is_described_with_the_horde_envelope(document: dict[str, An
         "/api/v2/generate/chat/status/{request_id}",
         "/api/v2/generate/text/status/{request_id}",
         "/api/v2/status/models",
+        "/api/v2/status/models/{model_name}",
         "/api/v2/find_user",
         "/api/v2/users/{user_id}",
         "/api/v2/status/heartbeat",
@@ -52,6 +53,7 @@ def test_every_route_is_described_with_the_horde_envelope(document: dict[str, An
         "/api/v2/status/modes",
         "/api/v2/status/news",
         "/api/v2/stats/text/models",
+        "/api/v2/stats/text/totals",
     }
     text = json.dumps(document)
     assert set(re.findall(r'"#/components/schemas/([^"]+)"', text)) <= set(document["components"]["schemas"])

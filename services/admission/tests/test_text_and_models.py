@@ -1,4 +1,5 @@
-"""Legacy text routes (docs/native-api.md#text-route, #status-and-cancel) and GET /v2/status/models (docs/native-api.md#model-list)."""
+"""Legacy text routes (docs/native-api.md#text-route, #status-and-cancel), GET /v2/status/models
+(docs/native-api.md#model-list) and GET /v2/status/models/{model_name} (docs/native-api.md#single-model-status)."""
 
 from __future__ import annotations
 
@@ -192,3 +193,38 @@ async def test_models_chat_list(client: Any, db: Any) -> None:
     r = await client.get("/api/v2/status/models", params={"type": "text", "model_state": "weird"})
     assert r.status_code == 400
     assert (await client.get("/v2/status/models")).json() == []
+
+
+async def test_single_model_status_is_the_models_entry_of_the_list(client: Any, db: Any) -> None:
+    """Upstream's ModelSingle: a list with the model's entry (the same as in the list), found by its exact name,
+    slashes and all; [] (200) for a model no online worker serves: unknown, offline or in maintenance."""
+    model = f"koboldcpp/{unique_model()}"
+    offline, maintained = unique_model(), unique_model()
+    owner, _ = await new_user(db)
+    await add_chat_worker(db, model, owner=owner, threads=3)
+    await add_chat_worker(db, offline, owner=owner, online=False)
+    worker = await add_chat_worker(db, maintained, owner=owner)
+    await db.execute("UPDATE workers SET maintenance = true WHERE id = $1", worker)
+    _, key = await new_user(db)
+    r = await client.post(
+        "/api/v2/generate/chat/async", json=chat_body(model, max_tokens=128), headers={"apikey": key}
+    )
+    assert r.status_code == 202
+    await client.horde_app.state.admission.redis.delete(models_cache_key(True), models_cache_key(False))
+
+    listed = {
+        e["name"]: e for e in (await client.get("/api/v2/status/models", params={"type": "text"})).json()
+    }
+    r = await client.get(f"/api/v2/status/models/{model}")
+    assert r.status_code == 200
+    assert r.json() == [listed[model]]
+    assert r.json()[0] | {"performance": 0.0, "eta": 0} == {
+        "name": model, "count": 3, "performance": 0.0, "queued": 128, "jobs": 1, "eta": 0, "type": "text",
+    }  # fmt: skip
+    # the name's slash sent encoded, the route without /api, a type parameter (ignored, as upstream's)
+    encoded = model.replace("/", "%2F")
+    assert (await client.get(f"/api/v2/status/models/{encoded}")).json() == [listed[model]]
+    assert (await client.get(f"/v2/status/models/{model}", params={"type": "text"})).json() == [listed[model]]
+    for name in (offline, maintained, unique_model(), model.upper(), model.split("/")[1]):
+        r = await client.get(f"/api/v2/status/models/{name}")
+        assert (r.status_code, r.json()) == (200, [])

@@ -1,5 +1,5 @@
 """The upstream read routes existing clients and workers call (docs/native-api.md#find-user, #user-details,
-#heartbeat, #horde-performance, #horde-modes, #news, #text-model-stats): status, rc, message and what each
+#heartbeat, #horde-performance, #horde-modes, #news, #text-model-stats, #text-totals): status, rc, message and what each
 answer holds, against the real stores. Each answer is also checked against its OpenAPI schema, and carries
 upstream's field names (horde_sdk is not installed in this workspace, so its models cannot parse them here)."""
 
@@ -363,6 +363,93 @@ async def test_text_model_stats_count_completed_generations_per_period(
         assert idle not in body["day"] and idle not in body["month"] and body["total"][idle] == 1
     finally:
         await db.execute("DELETE FROM model_performances WHERE model = ANY($1::text[])", [model, idle])
+
+
+TOTALS_PERIODS = ("minute", "hour", "day", "month", "total")
+
+
+async def text_totals(client: httpx.AsyncClient) -> dict[str, dict[str, int]]:
+    forget_kept_answers(client)
+    r = await client.get("/api/v2/stats/text/totals")
+    assert r.status_code == 200
+    body: dict[str, dict[str, int]] = r.json()
+    return body
+
+
+async def test_text_totals_count_requests_and_tokens_per_period(
+    client: httpx.AsyncClient, db: asyncpg.Connection, document: dict[str, Any]
+) -> None:
+    """Upstream's StatsTxtTotals: per window, the speed samples (requests) and the stored completed replies'
+    tokens; total, the workers' lifetime counters, never less than the month's."""
+    before = await text_totals(client)
+    conforms(document, "TextTotals", before)
+    assert set(before) == set(TOTALS_PERIODS)
+    assert all(
+        set(v) == {"requests", "tokens"} and all(type(n) is int for n in v.values()) for v in before.values()
+    )
+    model = f"totals-{uuid.uuid4().hex[:8]}"
+    # speed samples 10 s, 30 min, 2 h, 2 days and 40 days old
+    await db.executemany(
+        "INSERT INTO model_performances (model, performance, created) VALUES ($1, 10, now() - make_interval(secs => $2))",
+        [(model, 10.0), (model, 1800.0), (model, 2 * HOUR), (model, 2 * DAY), (model, 40 * DAY)],
+    )
+    uid, _ = await new_user(db)
+    worker = await add_worker(db, uid, fulfilments=1000, contributions=50000)
+    text = await db.fetchval(
+        "INSERT INTO waiting_prompts (user_id, active, n, max_length) VALUES ($1, true, 0, 100) RETURNING id",
+        uid,
+    )
+    chat = await db.fetchval(
+        "INSERT INTO waiting_prompts (user_id, active, n, max_length, is_chat) VALUES ($1, true, 0, 500, true) RETURNING id",
+        uid,
+    )
+    replies = [
+        # (request, generation, completed seconds ago, completion_tokens, faulted, fake)
+        (text, "a", 10.0, None, False, False),  # minute: its request's max_length, 100
+        (chat, "b", 1800.0, 7, False, False),  # hour: its completion tokens, 7
+        (text, "c", 2 * HOUR, None, False, False),  # day
+        (text, "d", 10.0, None, False, True),  # a fake job's reply: not counted
+        (text, None, None, None, True, False),  # faulted, no reply: not counted
+        (text, None, None, None, False, False),  # in progress: not counted
+    ]
+    await db.executemany(
+        """INSERT INTO processing_gens (wp_id, worker_id, user_id, model, generation, completed_at,
+                                        completion_tokens, faulted, fake)
+           VALUES ($1, $2, $3, $4, $5, now() - make_interval(secs => $6), $7, $8, $9)""",
+        [
+            (wp, worker, uid, model, gen, ago, tokens, faulted, fake)
+            for wp, gen, ago, tokens, faulted, fake in replies
+        ],
+    )
+    try:
+        after = await text_totals(client)
+        conforms(document, "TextTotals", after)
+        delta = {
+            p: {k: after[p][k] - before[p][k] for k in ("requests", "tokens")} for p in TOTALS_PERIODS[:4]
+        }
+        assert delta == {
+            "minute": {"requests": 1, "tokens": 100},
+            "hour": {"requests": 2, "tokens": 107},
+            "day": {"requests": 3, "tokens": 207},
+            "month": {"requests": 4, "tokens": 207},
+        }
+        lifetime = await db.fetchrow(
+            "SELECT sum(fulfilments)::bigint AS requests, sum(contributions)::bigint AS tokens FROM workers"
+        )
+        assert lifetime is not None
+        assert after["total"] == {
+            "requests": max(lifetime["requests"], after["month"]["requests"]),
+            "tokens": max(lifetime["tokens"], after["month"]["tokens"]),
+        }
+        assert after["total"]["requests"] >= 1000 and after["total"]["tokens"] >= 50000
+        # the same answer without /api
+        assert (await client.get("/v2/stats/text/totals")).json() == after
+    finally:
+        await db.execute("DELETE FROM model_performances WHERE model = $1", model)
+        await db.execute("DELETE FROM waiting_prompts WHERE user_id = $1", uid)
+        await db.execute("DELETE FROM workers WHERE user_id = $1", uid)
+    # nothing stored any more: back where it was
+    assert await text_totals(client) == before
 
 
 async def test_the_aggregate_answers_are_kept_for_a_moment(

@@ -133,7 +133,7 @@ async def test_worker_is_created_with_its_declaration(h: Harness) -> None:
     )
     r = await h.pop(key, body)
     assert r.status_code == 200, r.text
-    assert r.json() == {"id": None, "ids": [], "skipped": {}}
+    assert r.json() == {"payload": {}, "id": None, "ids": [], "skipped": {}}
     row = await h.db.fetchrow("SELECT * FROM workers WHERE name = 'w-new'")
     assert row["user_id"] == uid
     assert row["threads"] == 3

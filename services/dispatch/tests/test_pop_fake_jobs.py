@@ -232,7 +232,7 @@ async def test_paused_worker_gets_fake_jobs_for_others_and_real_ones_for_its_own
     assert queue_wait_count() == waits + 2
     # Nothing is left for anyone, the paused worker included.
     r = await h.pop(paused_key, text_body("w-paused"))
-    assert r.json() == {"id": None, "ids": [], "skipped": {}}
+    assert r.json() == {"payload": {}, "id": None, "ids": [], "skipped": {}}
 
     balances = "SELECT id, kudos, evaluating_kudos FROM users WHERE id = ANY($1::bigint[]) ORDER BY id"
     before = [tuple(x) for x in await h.db.fetch(balances, [paused_owner, requester])]

@@ -191,7 +191,7 @@ async def test_without_wait_seconds_an_empty_pop_answers_at_once(h: Harness) -> 
     _, key = await h.user()
     waits = counted(LONGPOLL_WAITS)
     r = await asyncio.wait_for(h.pop(key, h.chat_body("w-no-wait")), 30)
-    assert r.status_code == 200 and r.json() == {"id": None, "ids": [], "skipped": {}}
+    assert r.status_code == 200 and r.json() == {"payload": {}, "id": None, "ids": [], "skipped": {}}
     assert counted(LONGPOLL_WAITS) == waits  # it never waited
 
 
@@ -225,7 +225,7 @@ async def test_a_waiting_pop_answers_empty_when_its_time_is_up(h: Harness) -> No
     timeouts = counted(LONGPOLL_WAITS, "timeout")
     r = await asyncio.wait_for(h.pop(key, h.chat_body("w-timeout", wait_seconds=0.6)), 30)
     assert r.status_code == 200
-    assert r.json() == {"id": None, "ids": [], "skipped": {"max_length": 1}}
+    assert r.json() == {"payload": {}, "id": None, "ids": [], "skipped": {"max_length": 1}}
     assert counted(LONGPOLL_WAITS, "timeout") == timeouts + 1  # it waited, and its time ended the wait
     assert longpoll_of(h).waiting == 0
 
@@ -423,7 +423,7 @@ async def test_a_worker_that_hung_up_is_not_given_the_job(h: Harness, publisher:
     await announce(publisher, wp)
     await asyncio.wait_for(call, 3)
     assert sent[0]["status"] == 200
-    assert json.loads(sent[1]["body"]) == {"id": None, "ids": [], "skipped": {}}
+    assert json.loads(sent[1]["body"]) == {"payload": {}, "id": None, "ids": [], "skipped": {}}
     assert await h.db.fetchval("SELECT count(*) FROM processing_gens WHERE wp_id = $1", wp) == 0
     assert await h.db.fetchval("SELECT n FROM waiting_prompts WHERE id = $1", wp) == 1
 
@@ -491,7 +491,7 @@ async def test_shutdown_releases_waiting_pops_with_the_empty_answer(
         await lifespan.__aexit__(None, None, None)
         r = await asyncio.wait_for(task, 30)
         assert counted(LONGPOLL_WAITS, "closed") == closed + 1  # released by the shutdown, not at 15 s
-        assert (r.status_code, r.json()) == (200, {"id": None, "ids": [], "skipped": {}})
+        assert (r.status_code, r.json()) == (200, {"payload": {}, "id": None, "ids": [], "skipped": {}})
     finally:
         await client.aclose()
 

@@ -100,7 +100,7 @@ async def test_chat_job_payload_and_assignment(h: Harness) -> None:
     assert row["expiry"] > expiry_before  # refreshed to now + 20 minutes
     # Nothing else to hand out.
     again = await h.pop(key, body)
-    assert again.json() == {"id": None, "ids": [], "skipped": {}}
+    assert again.json() == {"payload": {}, "id": None, "ids": [], "skipped": {}}
 
 
 async def test_text_job_to_a_chat_worker_under_its_text_limits(h: Harness) -> None:
@@ -124,12 +124,12 @@ async def test_text_job_to_a_chat_worker_under_its_text_limits(h: Harness) -> No
         "n": 1,
     }
     r = await h.pop(key, h.chat_body("w-text"))
-    assert r.json() == {"id": None, "ids": [], "skipped": {"max_length": 1}}
+    assert r.json() == {"payload": {}, "id": None, "ids": [], "skipped": {"max_length": 1}}
     assert await h.db.fetchval("SELECT n FROM waiting_prompts WHERE id = $1", too_long) == 1
     # A worker that does not take prompt jobs is offered no text request.
     await h.db.execute("UPDATE waiting_prompts SET max_length = 100 WHERE id = $1", too_long)
     r = await h.pop(key, h.chat_body("w-chat-only", prompt_jobs=False))
-    assert r.json() == {"id": None, "ids": [], "skipped": {"prompt_jobs": 1}}
+    assert r.json() == {"payload": {}, "id": None, "ids": [], "skipped": {"prompt_jobs": 1}}
     # A worker that predates chat never sees a chat request.
     await h.request(user_id=requester)
     r = await h.pop(key, {"name": "w-old", "models": [CHAT_MODEL], "max_context_length": 4096})
@@ -189,7 +189,7 @@ async def test_eligibility_refusals(
     wp = await h.request(user_id=requester, **request_columns)
     r = await h.pop(key, h.chat_body("w-refused", **declaration))
     assert r.status_code == 200, r.text
-    assert r.json() == {"id": None, "ids": [], "skipped": {reason: 1} if reason else {}}
+    assert r.json() == {"payload": {}, "id": None, "ids": [], "skipped": {reason: 1} if reason else {}}
     assert await h.db.fetchval("SELECT n FROM waiting_prompts WHERE id = $1", wp) == 1
     assert await h.db.fetchval("SELECT count(*) FROM processing_gens") == 0
 
@@ -235,7 +235,7 @@ async def test_speed_gate(h: Harness) -> None:
     # Unmeasured: 10 tok/s, so 1200 tokens.
     over = await h.request(user_id=requester, max_length=1201)
     r = await h.pop(key, body)
-    assert r.json() == {"id": None, "ids": [], "skipped": {"lease_speed": 1}}
+    assert r.json() == {"payload": {}, "id": None, "ids": [], "skipped": {"lease_speed": 1}}
     at = await h.request(user_id=requester, max_length=1200)
     assert await popped_wp(h, await h.pop(key, body)) == at
     # Measured 5 tok/s: 600 tokens.
@@ -297,7 +297,7 @@ async def test_inactive_expired_faulted_and_empty_rows_are_skipped(h: Harness, p
     await h.request(user_id=requester, expiry=past(1))
     await h.request(user_id=requester, cancelled=True)
     r = await h.pop(key, h.chat_body("w-states"))
-    assert r.json() == {"id": None, "ids": [], "skipped": {}}
+    assert r.json() == {"payload": {}, "id": None, "ids": [], "skipped": {}}
 
 
 async def test_text_batch_takes_min_of_amount_and_n(h: Harness) -> None:

@@ -46,7 +46,7 @@ ROUTES: Final[tuple[Route, ...]] = (
     # Workers submit results and post progress to submit.
     Route("/api/v2/generate/text/submit", "Prefix", "submit"),
     Route("/api/v2/generate/text/progress", "Prefix", "submit"),
-    # The rest of the native API: async requests, status, models.
+    # The rest of the native API: async requests, status, models (and /status/models/{name}), users, stats.
     Route("/api", "Prefix", "admission"),
     # The OpenAI-compatible front, and its documentation.
     Route("/v1", "Prefix", "oai-front"),

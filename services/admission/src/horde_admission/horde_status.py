@@ -1,13 +1,14 @@
 """The horde-wide read routes existing clients and workers poll: ``GET /v2/status/heartbeat``, ``/v2/status/
-performance``, ``/v2/status/modes``, ``/v2/status/news`` and ``/v2/stats/text/models``, in upstream's shapes
-(docs/native-api.md#heartbeat, #horde-performance, #horde-modes, #news, #text-model-stats).
+performance``, ``/v2/status/modes``, ``/v2/status/news``, ``/v2/stats/text/models`` and ``/v2/stats/text/totals``, in
+upstream's shapes (docs/native-api.md#heartbeat, #horde-performance, #horde-modes, #news, #text-model-stats,
+#text-totals).
 
 This horde serves text only, so upstream's image and interrogation numbers are present and 0. What each text
-number counts is in :data:`_PERFORMANCE_SQL` and :func:`text_model_stats`.
+number counts is in :data:`_PERFORMANCE_SQL`, :func:`text_model_stats` and :data:`_TEXT_TOTALS_SQL`.
 
-The performance and model stats answers are public and unauthenticated, and each is an aggregate over a
-table, so each process keeps its answer for :data:`PERFORMANCE_MEMO_SECONDS` and
-:data:`MODEL_STATS_MEMO_SECONDS` (upstream caches them too), and concurrent misses wait for one query.
+The performance and stats answers are public and unauthenticated, and each is an aggregate over a table, so
+each process keeps its answer for :data:`PERFORMANCE_MEMO_SECONDS` and :data:`MODEL_STATS_MEMO_SECONDS` (the
+totals too; upstream caches them all), and concurrent misses wait for one query.
 """
 
 from __future__ import annotations
@@ -110,6 +111,42 @@ ORDER BY model
 """
 
 
+#: Upstream's periods of ``StatsTxtTotals`` (month is the past 30 days).
+TOTALS_PERIODS = ("minute", "hour", "day", "month", "total")
+
+# Per window (the bounded periods): ``requests`` counts the speed samples (one per completed, unfaked generation,
+# those stats/text/models counts; the janitor keeps an hour of them), ``tokens`` sums the completed, unfaked
+# replies still stored (past_minute_tokens' rule: a chat reply's completion_tokens, a text reply its request's
+# max_length; a reply is kept with its request, which expires 20 minutes after its last reply). ``total`` is the
+# workers' lifetime counters (fulfilments; contributions, the tokens each reply or settled cancel was paid for),
+# never less than the month's numbers.
+_TEXT_TOTALS_SQL = """
+WITH samples AS (
+    SELECT count(*) FILTER (WHERE created > now() - interval '1 minute') AS minute,
+           count(*) FILTER (WHERE created > now() - interval '1 hour') AS hour,
+           count(*) FILTER (WHERE created > now() - interval '1 day') AS day,
+           count(*) AS month
+    FROM model_performances WHERE created > now() - interval '30 days'
+), replies AS (
+    SELECT coalesce(sum(tokens) FILTER (WHERE completed_at > now() - interval '1 minute'), 0) AS minute,
+           coalesce(sum(tokens) FILTER (WHERE completed_at > now() - interval '1 hour'), 0) AS hour,
+           coalesce(sum(tokens) FILTER (WHERE completed_at > now() - interval '1 day'), 0) AS day,
+           coalesce(sum(tokens), 0) AS month
+    FROM (SELECT g.completed_at, coalesce(g.completion_tokens, w.max_length)::bigint AS tokens
+            FROM processing_gens g JOIN waiting_prompts w ON w.id = g.wp_id
+           WHERE g.completed_at > now() - interval '30 days'
+             AND g.generation IS NOT NULL AND NOT g.faulted AND NOT g.fake) r
+), lifetime AS (
+    SELECT coalesce(sum(fulfilments), 0)::bigint AS requests, coalesce(sum(contributions), 0)::bigint AS tokens
+    FROM workers
+)
+SELECT s.minute AS minute_requests, r.minute AS minute_tokens, s.hour AS hour_requests, r.hour AS hour_tokens,
+       s.day AS day_requests, r.day AS day_tokens, s.month AS month_requests, r.month AS month_tokens,
+       greatest(l.requests, s.month) AS total_requests, greatest(l.tokens, r.month) AS total_tokens
+FROM samples s, replies r, lifetime l
+"""
+
+
 @router.get("/v2/status/heartbeat")
 async def heartbeat(request: Request) -> dict[str, Any]:
     """``{"message": "OK", "version": <the service version>}``: this process answers. docs/native-api.md#heartbeat."""
@@ -208,5 +245,28 @@ async def stats_text_models(
     (docs/native-api.md#text-model-stats); the answer is kept MODEL_STATS_MEMO_SECONDS."""
     answer: dict[str, Any] = await read_memo(request).get(
         "text_model_stats", MODEL_STATS_MEMO_SECONDS, lambda: text_model_stats(state.pool)
+    )
+    return answer
+
+
+async def text_totals(conn: ConnOrPool) -> dict[str, dict[str, int]]:
+    """Upstream's ``StatsTxtTotals``: ``{minute, hour, day, month, total}``, each ``{requests, tokens}``, from
+    :data:`_TEXT_TOTALS_SQL` (what each period can count, given what the stores keep, is described there)."""
+    row = await conn.fetchrow(_TEXT_TOTALS_SQL)
+    assert row is not None  # aggregates without GROUP BY answer one row
+    return {
+        period: {"requests": int(row[f"{period}_requests"]), "tokens": int(row[f"{period}_tokens"])}
+        for period in TOTALS_PERIODS
+    }
+
+
+@router.get("/v2/stats/text/totals")
+async def stats_text_totals(
+    request: Request, state: Annotated[AdmissionState, Depends(get_state)]
+) -> dict[str, Any]:
+    """Completed text generations and their tokens in the past minute, hour, day, month and in total
+    (docs/native-api.md#text-totals); the answer is kept MODEL_STATS_MEMO_SECONDS."""
+    answer: dict[str, Any] = await read_memo(request).get(
+        "text_totals", MODEL_STATS_MEMO_SECONDS, lambda: text_totals(state.pool)
     )
     return answer

@@ -1,4 +1,5 @@
-"""``GET /v2/status/models``: the text model list, and with ``chat=true`` each model's chat offer.
+"""``GET /v2/status/models``: the text model list, and with ``chat=true`` each model's chat offer;
+``GET /v2/status/models/{model_name}``: one model's entry of that list (docs/native-api.md#single-model-status).
 
 docs/native-api.md#model-list (fields, 2 s cache); see docs/native-api.md#model-list. Simplified: the list is
 computed from the workers table on a miss of the 2 s cache (no models_cache rebuild loop), and only type=text
@@ -196,3 +197,17 @@ async def _cached_entries(request: Request, chat: bool) -> list[dict[str, Any]]:
         except Exception:
             log.warning("models cache write failed", exc_info=True)
     return entries
+
+
+@router.get("/v2/status/models/{model_name:path}")
+async def status_model(request: Request, model_name: str) -> JSONResponse:
+    """One model's statistics, as upstream's ``ModelSingle``: a list holding the model's entry of
+    ``GET /v2/status/models?type=text`` (``[{name, count, performance, queued, jobs, eta, type}]``), or ``[]``
+    (200, as upstream) when no online worker serves it.
+
+    The name is matched exactly, ``::user#id`` suffix and all; it may hold ``/`` (sent as is or as ``%2F``).
+    The entry comes from the same 2 s cache as the list, so a look-up runs no query of its own; there is no
+    ``type`` parameter (upstream has none; this horde's models are text models).
+    """
+    entries = await _cached_entries(request, False)
+    return JSONResponse([entry for entry in entries if entry["name"] == model_name])

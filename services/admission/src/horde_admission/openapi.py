@@ -452,6 +452,18 @@ def operations() -> list[NativeOperation]:
             answers={"200": Answer("The models.", "ModelList")},
             errors=MODELS_ERRORS,
         ),
+        NativeOperation(
+            method="get",
+            path="/api/v2/status/models/{model_name}",
+            summary="One model's statistics",
+            description=(
+                "A list holding the model's entry of the text model list (its worker threads, speed and queue), "
+                "as upstream's; empty when no online worker serves the model. The name is matched exactly and "
+                "may hold / (as is or as %2F)."
+            ),
+            answers={"200": Answer("The model, or none.", "ModelList")},
+            errors={},
+        ),
     ]
     for family in ("chat", "text"):
         path = f"/api/v2/generate/{family}/status/{{request_id}}"
@@ -564,6 +576,7 @@ def info_schemas() -> dict[str, Any]:
         "ones 0 (docs/native-api.md#horde-performance).",
     )
     per_model = {"type": "object", "additionalProperties": count}
+    period_totals = json_object({"requests": count, "tokens": count}, ["requests", "tokens"])
     news_piece = json_object(
         {
             "date_published": STRING,
@@ -584,6 +597,12 @@ def info_schemas() -> dict[str, Any]:
             description="raid_mode is given to a moderator's key only.",
         ),
         "NewsList": {"type": "array", "items": news_piece},
+        "TextTotals": json_object(
+            {period: period_totals for period in ("minute", "hour", "day", "month", "total")},
+            ["minute", "hour", "day", "month", "total"],
+            description="Upstream's StatsTxtTotals: completed generations and their tokens per period; what each "
+            "period can count with the records this horde keeps is in docs/native-api.md#text-totals.",
+        ),
         "TextModelStats": json_object(
             {"day": per_model, "month": per_model, "total": per_model},
             ["day", "month", "total"],
@@ -672,6 +691,15 @@ def info_operations() -> list[NativeOperation]:
             "Text generations per model",
             "Completed generations per model in the past day, month and in total, from the stored speed samples.",
             Answer("The counts.", "TextModelStats"),
+            errors={},
+        ),
+        read(
+            "/api/v2/stats/text/totals",
+            "Text generations and tokens in total",
+            "Completed generations and their tokens in the past minute, hour, day, month (30 days) and in "
+            "total: the windows from the stored speed samples and replies (about the last hour and the last 20 "
+            "minutes), the total from the workers' lifetime counters.",
+            Answer("The totals.", "TextTotals"),
             errors={},
         ),
     ]

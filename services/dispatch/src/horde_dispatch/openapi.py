@@ -108,7 +108,10 @@ def answer_schemas() -> dict[str, Any]:
         {
             "id": nullable(STRING),
             "ids": {"type": "array", "items": STRING},
-            "payload": {"type": "object"},
+            "payload": {
+                "type": "object",
+                "description": "The job's generation settings and prompt; `{}` when there is no job.",
+            },
             "model": STRING,
             "ttl": {"type": "integer"},
             "chat": {"type": "boolean"},
@@ -118,12 +121,12 @@ def answer_schemas() -> dict[str, Any]:
             },
             "skipped": {"type": "object", "additionalProperties": {"type": "integer"}},
         },
-        ["id", "ids", "skipped"],
+        ["payload", "id", "ids", "skipped"],
         description=(
             "With a job: `{payload, id, ids, model, ttl, softprompt: null, skipped: {}}` plus `chat: true` for a "
             "chat job, "
-            "`ttl` being the job lease in seconds. Without one: `{id: null, ids: [], skipped: {reason: "
-            "count}}` (after `wait_seconds` when the pop sent it; `skipped` is empty when dispatch shut "
+            "`ttl` being the job lease in seconds. Without one: `{payload: {}, id: null, ids: [], skipped: "
+            "{reason: count}}` (after `wait_seconds` when the pop sent it; `skipped` is empty when dispatch shut "
             "down meanwhile)."
         ),
     )

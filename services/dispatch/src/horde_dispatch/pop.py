@@ -57,6 +57,13 @@ FROM workers w JOIN users u ON u.id = w.user_id WHERE w.id = $1
 """
 
 
+def _empty_pop(skipped: dict[str, int]) -> dict[str, Any]:
+    """The answer of a pop without a job: ``{payload: {}, id: null, ids: [], skipped}``. ``payload`` is there
+    because upstream's answer always holds one (its marshalled empty payload) and clients such as horde_sdk
+    require it; empty, since there is no job to describe (docs/native-api.md#pop)."""
+    return {"payload": {}, "id": None, "ids": [], "skipped": skipped}
+
+
 def _record_assignment(job: PoppedJob, worker: PopWorker, capacity: int, speed: float) -> None:
     """Queue wait and the over-capacity shadow of a real assignment; a fake job only logs its ids (INFO)
     and is recorded in neither (docs/native-api.md#eligibility)."""
@@ -145,8 +152,8 @@ async def pop_text_job(
     200 with a job: ``{payload, id, ids, model, ttl, softprompt: null, skipped: {}}`` plus ``chat: true`` for a
     chat job, ``ttl`` being the job lease in seconds (HORDE_TEXT_JOB_LEASE_SECONDS, 150 by default;
     docs/native-api.md#job-lease) and ``softprompt`` always null (soft prompts are not served; older bridges read
-    the key); without one: ``{id: null, ids: [], skipped: {reason: count}}``. A paused worker's job for another
-    user's request is a fake one, indistinguishable here (docs/native-api.md#workers).
+    the key); without one: ``{payload: {}, id: null, ids: [], skipped: {reason: count}}``. A paused worker's job
+    for another user's request is a fake one, indistinguishable here (docs/native-api.md#workers).
 
     Long-poll (a Horde Chat extension): ``wait_seconds`` (a number, 0 to 20, default 0) holds an empty pop up
     to that many seconds (at most HORDE_POP_WAIT_MAX_SECONDS); the answer comes as soon as a job this worker
@@ -185,7 +192,7 @@ async def pop_text_job(
                 or longpoll.waiting_for(worker.id) >= max(1, worker.threads)
             ):
                 skipped = await count_skipped(conn, pw, settings.pop_skipped_scan_limit)
-                return {"id": None, "ids": [], "skipped": skipped}
+                return _empty_pop(skipped)
     if job is None:
         # The connection went back to the pool above: a waiting pop holds none, and it no longer counts toward
         # the in-flight cap (idle workers waiting for a job never use it up).
@@ -225,10 +232,10 @@ async def pop_text_job(
         if job is None:
             if outcome is not WaitOutcome.timeout:
                 # Shutting down, or nobody listens any more: no queue scan for an answer nobody needs.
-                return {"id": None, "ids": [], "skipped": {}}
+                return _empty_pop({})
             async with state.pool.acquire() as conn:
                 skipped = await count_skipped(conn, pw, settings.pop_skipped_scan_limit)
-            return {"id": None, "ids": [], "skipped": skipped}
+            return _empty_pop(skipped)
 
     speed = effective_speed(worker.speed)
     capacity = pw.capacity
