@@ -78,3 +78,28 @@ async def test_the_janitor_has_no_api_pages(horde_settings_env: dict[str, Any]) 
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://horde") as client:
         for path in ("/docs", "/redoc", "/openapi.json", f"{DOCS_ASSETS_URL}/swagger-ui.css"):
             assert (await client.get(path)).status_code == 404, path
+
+
+@pytest.mark.parametrize("service", sorted(APPS))
+async def test_every_docs_html_page_has_the_policy(service: str, horde_settings_env: dict[str, Any]) -> None:
+    """Every HTML page FastAPI serves under /docs and /redoc (Swagger UI's OAuth2 redirect page included) has
+    the policy, which forbids framing and off-origin form posts; the assets under them are not pages."""
+    assert "frame-ancestors 'none'" in DOCS_CONTENT_SECURITY_POLICY.split("; ")
+    assert "form-action 'self'" in DOCS_CONTENT_SECURITY_POLICY.split("; ")
+    app = APPS[service]()
+    html_pages = [
+        path
+        for route in app.routes
+        if (path := str(getattr(route, "path", ""))).startswith(("/docs", "/redoc"))
+        and hasattr(route, "methods")
+    ]
+    assert {"/docs", "/docs/oauth2-redirect", "/redoc"} <= set(html_pages), html_pages
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://horde") as client:
+        for page in html_pages:
+            r = await client.get(page)
+            assert r.status_code == 200, page
+            assert r.headers["content-type"].startswith("text/html"), page
+            assert r.headers["content-security-policy"] == DOCS_CONTENT_SECURITY_POLICY, page
+        asset = await client.get(f"{DOCS_ASSETS_URL}/swagger-ui.css")
+        assert asset.status_code == 200
+        assert "content-security-policy" not in asset.headers

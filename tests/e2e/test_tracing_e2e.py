@@ -24,11 +24,16 @@ from .conftest import MODEL, Stack
 GREETING = "Hello from the scripted backend:"
 FRONT, ADMISSION, DISPATCH = "horde-oai", "horde-admission", "horde-dispatch"
 COMPLETIONS_SPAN = "POST /v1/chat/completions"
+STATUS_ROUTE = "/generate/chat/status/{request_id}"
 HTTPX = "opentelemetry.instrumentation.httpx"
 GRPC = "opentelemetry.instrumentation.grpc"
 ASYNCPG = "opentelemetry.instrumentation.asyncpg"
 REDIS = "opentelemetry.instrumentation.redis"
 SPANS_TIMEOUT_SECONDS = 30.0
+PASSKEY = "e2e-tracing-passkey"
+#: A client's W3C context, sampled: the front must not continue it.
+CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+CLIENT_TRACEPARENT = f"00-{CLIENT_TRACE}-00f067aa0ba902b7-01"
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +54,10 @@ def stack_env_overrides(otlp: OtlpReceiver) -> dict[str, str]:
         "OTEL_SERVICE_NAME": "",
         "OTEL_RESOURCE_ATTRIBUTES": "",
         "OTEL_BSP_SCHEDULE_DELAY": "100",
+        # The front's calls carry the proxy passkey admission knows, as `make run` configures it: admission
+        # continues their trace context (a client's is dropped at the edge).
+        "HORDE_PROXY_PASSKEYS": f'["{PASSKEY}"]',
+        "HORDE_OAI_PROXY_PASSKEY": PASSKEY,
     }
 
 
@@ -106,6 +115,8 @@ def trace_problems(trace: list[ReceivedSpan], root: ReceivedSpan) -> list[str]:
     front_calls = {s.span_id for s in spans(FRONT, "CLIENT", HTTPX)}
     if not any(s.parent_id in front_calls for s in spans(ADMISSION, "SERVER")):
         problems.append("no admission server span under the front's httpx client span")
+    if not any(s.name.endswith(STATUS_ROUTE) for s in spans(ADMISSION, "SERVER")):
+        problems.append("no admission status span (the front's result read)")
     admission_rpcs = {s.span_id for s in spans(ADMISSION, "CLIENT", GRPC)}
     if not any(s.parent_id in admission_rpcs for s in spans(DISPATCH, "SERVER", GRPC)):
         problems.append("no dispatch gRPC server span under an admission gRPC client span")
@@ -152,14 +163,43 @@ def test_one_completion_is_one_connected_trace_across_the_services(
     traced_stack: Stack, otlp: OtlpReceiver
 ) -> None:
     before = set(front_roots(otlp.spans()))
+    # A client's sampled traceparent: ignored at the public edge (the front trusts no caller).
     completion = client(traced_stack).chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "trace this completion"}]
+        model=MODEL,
+        messages=[{"role": "user", "content": "trace this completion"}],
+        extra_headers={"traceparent": CLIENT_TRACEPARENT, "tracestate": "evil=1", "baggage": "user=evil"},
     )
     assert completion.choices[0].message.content == f"{GREETING} trace this completion"
 
     root = new_front_root(otlp, before)
+    assert root.trace_id != CLIENT_TRACE
     trace = wait_for_complete_trace(otlp, root)
     print(render(trace, root))
+    assert not [s for s in otlp.spans() if s.trace_id == CLIENT_TRACE]
+
+    # The native request id is a credential (its status returns the completion, DELETE cancels it): no span
+    # of any service holds it, in any attribute (the URLs read "{id}"), though the status was read.
+    request_id = completion.id.removeprefix("chatcmpl-")
+    spellings = {request_id, request_id.replace("-", "")}
+    leaks = [
+        (s.service, s.name, key, value)
+        for s in otlp.spans()
+        for key, value in s.attributes.items()
+        if any(spelling in str(value) for spelling in spellings)
+    ]
+    assert leaks == []
+    assert not [s for s in otlp.spans() if any(spelling in s.name for spelling in spellings)]
+    status_spans = [s for s in trace if s.service == ADMISSION and s.name.endswith(STATUS_ROUTE)]
+    assert {str(s.attributes.get("http.target")) for s in status_spans} == {
+        "/api/v2/generate/chat/status/{id}"
+    }
+    front_status_calls = [
+        s for s in trace if s.scope == HTTPX and "/status/" in str(s.attributes.get("http.url", ""))
+    ]
+    assert front_status_calls, render(trace, root)
+    assert all(
+        str(s.attributes["http.url"]).endswith("/generate/chat/status/{id}") for s in front_status_calls
+    )
 
     # The front's call carried the trace to admission, and admission's to dispatch (W3C traceparent): the
     # server spans' parents are the callers' client spans, in another process.

@@ -73,3 +73,25 @@ def test_a_stalled_stderr_keeps_a_bounded_backlog_and_counts_what_it_drops(
         root.setLevel(saved_level)
     written = stderr.getvalue().splitlines()
     assert 1 <= len(written) <= 51
+
+
+def test_opentelemetry_logs_errors_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """OpenTelemetry's per-input warnings (one per entry of a client's baggage header) never reach the backlog;
+    its errors (the exporter's "Failed to export") do."""
+    stderr = io.StringIO()
+    monkeypatch.setattr("sys.stderr", stderr)
+    root = logging.getLogger()
+    otel = logging.getLogger("opentelemetry")
+    saved_handlers, saved_level, saved_otel = root.handlers[:], root.level, otel.level
+    try:
+        horde_logging.configure_logging("svc", "DEBUG", json_output=True)
+        logging.getLogger("opentelemetry.baggage.propagation").warning("Baggage entry with key `x` ...")
+        logging.getLogger("opentelemetry.exporter.otlp.proto.http.trace_exporter").error("Failed to export")
+        logging.getLogger("horde.test").warning("kept")
+        horde_logging._stop_listener()
+    finally:
+        root.handlers[:] = saved_handlers
+        root.setLevel(saved_level)
+        otel.setLevel(saved_otel)
+    messages = [json.loads(line)["message"] for line in stderr.getvalue().splitlines()]
+    assert messages == ["Failed to export", "kept"]

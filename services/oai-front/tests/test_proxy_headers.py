@@ -50,7 +50,8 @@ async def native_peer() -> AsyncIterator[tuple[str, list[dict[str, str]]]]:
             {"proxy-authorization": "front-passkey", "proxied-for": "203.0.113.7"},
         ),
         (None, "203.0.113.7", {}),
-        ("front-passkey", None, {}),
+        # The passkey goes on every call (a horde process's: admission continues its trace context).
+        ("front-passkey", None, {"proxy-authorization": "front-passkey"}),
     ],
 )
 async def test_submit_forwards_the_client_address_with_the_passkey(

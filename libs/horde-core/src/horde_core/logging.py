@@ -32,6 +32,9 @@ DROPPED = Counter(
     "horde_log_records_dropped_total", "Log records dropped because the writer's backlog was full"
 )
 
+#: The logger tree of the OpenTelemetry API, SDK, exporters and instrumentations: ERROR and above only.
+OPENTELEMETRY_LOGGER = "opentelemetry"
+
 #: How long stopping waits for room for its sentinel in a full backlog, then for the backlog to be written.
 STOP_WAIT_SECONDS = 2.0
 STOP_JOIN_SECONDS = 10.0
@@ -125,6 +128,10 @@ def configure_logging(service: str, level: str = "INFO", json_output: bool = Tru
     root.setLevel(level.upper())
     for noisy in ("uvicorn.access", "httpx", "botocore", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # OpenTelemetry (horde_core.tracing) warns once per malformed input it parses (e.g. each entry of a
+    # client's baggage header, or an attribute value of a type it drops): a client could flood the backlog.
+    # Its errors stay (the exporter's "Failed to export").
+    logging.getLogger(OPENTELEMETRY_LOGGER).setLevel(logging.ERROR)
 
 
 atexit.register(_stop_listener)

@@ -74,10 +74,15 @@ class HordeClient:
             max_keepalive_connections=NATIVE_MAX_CONNECTIONS,
             keepalive_expiry=NATIVE_KEEPALIVE_SECONDS,
         )
+        headers = {"Client-Agent": CLIENT_AGENT}
+        if proxy_passkey:
+            # On every call: it marks the front as a horde process, whose trace context admission continues
+            # (horde_core.tracing); Proxied-For goes with it on the submit only.
+            headers["Proxy-Authorization"] = proxy_passkey
         self._client = httpx.AsyncClient(
             base_url=self.base_url,
             timeout=httpx.Timeout(timeout, connect=5.0),
-            headers={"Client-Agent": CLIENT_AGENT},
+            headers=headers,
             transport=transport,
             limits=self.limits,
             event_hooks={"request": [_send_request_id]},
@@ -108,13 +113,12 @@ class HordeClient:
         """``POST /v2/generate/chat/async``; a transport error or 5xx is retried (the operation key makes
         it idempotent). Raises 502 HordeUnavailable when every attempt failed in transport.
 
-        With a proxy passkey and the client's address, the call carries ``Proxy-Authorization`` and
-        ``Proxied-For``, so the horde counts its per-address rate limits by the front's client rather than by
-        the front (docs/native-api.md#rate-limits).
+        With a proxy passkey (which every call carries in ``Proxy-Authorization``) and the client's address, the
+        call carries ``Proxied-For``, so the horde counts its per-address rate limits by the front's client
+        rather than by the front (docs/native-api.md#rate-limits).
         """
         headers = {"apikey": apikey}
         if self.proxy_passkey and client_address:
-            headers["Proxy-Authorization"] = self.proxy_passkey
             headers["Proxied-For"] = client_address
         last_error: Exception | None = None
         response: NativeResponse | None = None
