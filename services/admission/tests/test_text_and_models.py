@@ -228,3 +228,6 @@ async def test_single_model_status_is_the_models_entry_of_the_list(client: Any, 
     for name in (offline, maintained, unique_model(), model.upper(), model.split("/")[1]):
         r = await client.get(f"/api/v2/status/models/{name}")
         assert (r.status_code, r.json()) == (200, [])
+    # A line break is no route's path (the documented 404, found by schemathesis).
+    r = await client.get("/api/v2/status/models/a%0Ab")
+    assert (r.status_code, r.json()) == (404, {"message": "Not Found", "rc": "NotFound"})

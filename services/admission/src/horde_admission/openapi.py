@@ -462,7 +462,9 @@ def operations() -> list[NativeOperation]:
                 "may hold / (as is or as %2F)."
             ),
             answers={"200": Answer("The model, or none.", "ModelList")},
-            errors={},
+            # The path parameter matches any name but one with a line break, which no model has: that path is
+            # no route's.
+            errors={"404": "NotFound (a name holding a line break)"},
         ),
     ]
     for family in ("chat", "text"):
