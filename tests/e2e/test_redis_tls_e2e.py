@@ -9,25 +9,15 @@ hub connection and the progress stream of the streamed request.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
 from horde_core.redis_keys import CHAT_SIGNAL_DB, redis_client
-from horde_testing.apt import can_install
-from horde_testing.redis_tls import TlsRedis, find_redis_server
+from horde_testing.redis_tls import TlsRedis
 
 from .conftest import MODEL, SERVICES, Stack
 from .test_walking_skeleton import GREETING
-
-
-@pytest.fixture(scope="module")
-def tls_redis() -> Iterator[TlsRedis]:
-    if find_redis_server() is None and not can_install():
-        pytest.skip("redis-server is not installed and this user cannot apt-get install it")
-    with TlsRedis() as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

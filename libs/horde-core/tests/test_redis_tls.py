@@ -13,7 +13,6 @@ import asyncio
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,17 +21,8 @@ from horde_contract.errors import HordeError
 from horde_core.ratelimit import RATE_LIMIT_STORE_ERRORS, Limiter, parse_limits
 from horde_core.redis_keys import CHAT_SIGNAL_DB, redis_client, signal_client
 from horde_core.signals import SignalHub, publish_chat_event
-from horde_testing.apt import can_install
-from horde_testing.redis_tls import TlsRedis, find_redis_server
+from horde_testing.redis_tls import TlsRedis
 from redis import exceptions as redis_errors
-
-
-@pytest.fixture(scope="module")
-def tls_redis() -> Iterator[TlsRedis]:
-    if find_redis_server() is None and not can_install():
-        pytest.skip("redis-server is not installed and this user cannot apt-get install it")
-    with TlsRedis() as server:
-        yield server
 
 
 async def test_the_key_clients_connect_with_password_and_tls(tls_redis: TlsRedis) -> None:

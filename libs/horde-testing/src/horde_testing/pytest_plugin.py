@@ -182,6 +182,17 @@ async def url_redis(redis_url: str) -> AsyncIterator[Any]:
         await client.aclose()
 
 
+@pytest.fixture(scope="module")
+def tls_redis() -> Iterator[Any]:
+    """A real ``redis-server`` with ``requirepass`` and a TLS port only (:class:`horde_testing.redis_tls.TlsRedis`;
+    Debian's package, installed on first use): ``.url()`` is its ``rediss://`` URL with the CA. Fails, never
+    skips, where it cannot be had."""
+    from horde_testing.redis_tls import TlsRedis  # makes certificates with cryptography: only when asked for
+
+    with TlsRedis() as server:
+        yield server
+
+
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[S3Endpoint]:
     """The session's S3 endpoint, with its buckets created."""
