@@ -7,7 +7,9 @@ within its text limits. A chat request on a model shared with text-only workers 
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -15,6 +17,8 @@ import httpx
 import pytest
 from admission_helpers import add_chat_worker, new_user, unique_model
 from horde_admission import store
+from horde_admission.creation import CompetingQueueMemo
+from horde_store.db import create_pool
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -117,8 +121,10 @@ async def pop_classic(dispatch: Any, key: str, name: str, model: str) -> None:
 
 
 async def test_a_chat_queue_on_a_shared_model_leaves_a_text_requests_allowance(
-    client: httpx.AsyncClient, dispatch: Any, db: asyncpg.Connection
+    make_client: Any, dispatch: Any, db: asyncpg.Connection
 ) -> None:
+    # The second request must see the queue as it is, not the competing sum of the first (a second ago).
+    client = await make_client(competing_queue_memo_seconds=0)
     model = unique_model()
     _, worker_key = await new_user(db)
     await pop_classic(dispatch, worker_key, f"t-{model}", model)
@@ -139,3 +145,64 @@ async def test_a_chat_queue_on_a_shared_model_leaves_a_text_requests_allowance(
     assert r.status_code == 403
     assert r.json()["rc"] == "KudosUpfront"
     assert r.json()["message"].startswith("Due to heavy demand, for requests over 512 tokens,")
+
+
+class CountingPool:
+    """A real pool that counts the connections taken from it (one per competing-queue statement)."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+        self.acquired = 0
+
+    def acquire(self) -> Any:
+        self.acquired += 1
+        return self.pool.acquire()
+
+
+@pytest.fixture
+async def counting_pool(pg_dsn: str) -> AsyncIterator[CountingPool]:
+    pool = await create_pool(pg_dsn, min_size=1, max_size=4)
+    try:
+        yield CountingPool(pool)
+    finally:
+        await pool.close()
+
+
+async def test_the_memo_reuses_the_sum_for_the_same_workers_within_the_window(
+    db: asyncpg.Connection, counting_pool: CountingPool
+) -> None:
+    model = unique_model()
+    worker = str(await add_text_worker(db, model))
+    other = str(await add_text_worker(db, model))
+    memo = CompetingQueueMemo(counting_pool, 60.0)
+    first = await asyncio.gather(*(memo.get([worker, other]) for _ in range(8)))
+    assert counting_pool.acquired == 1 and len(set(first)) == 1  # concurrent lookups share one statement
+    request_id = await queue(db, is_chat=False, models=[model], max_length=256, ctx=2048, n=2)
+    try:
+        # Same workers in another order: the same set, so the remembered sum (the new request not in it).
+        assert await memo.get([other, worker]) == first[0]
+        assert counting_pool.acquired == 1
+        # Another set is read afresh and sees the new request.
+        fresh = await memo.get([worker])
+        assert counting_pool.acquired == 2 and fresh[1] >= 2 and fresh[0] >= 512
+        off = CompetingQueueMemo(counting_pool, 0)
+        assert await off.get([worker, other]) == (first[0][0] + 512, first[0][1] + 2)
+        assert await off.get([worker, other]) == (first[0][0] + 512, first[0][1] + 2)
+        assert counting_pool.acquired == 4  # 0 reads every time
+        assert await memo.get([]) == (0, 0) and counting_pool.acquired == 4  # no workers, no statement
+    finally:
+        await db.execute("DELETE FROM waiting_prompts WHERE id = $1", request_id)
+
+
+async def test_the_memo_forgets_after_its_window(db: asyncpg.Connection, counting_pool: CountingPool) -> None:
+    model = unique_model()
+    worker = str(await add_text_worker(db, model))
+    memo = CompetingQueueMemo(counting_pool, 0.2)
+    before = await memo.get([worker])
+    request_id = await queue(db, is_chat=False, models=[model], max_length=100, ctx=2048, n=1)
+    try:
+        await asyncio.sleep(0.3)
+        assert await memo.get([worker]) == (before[0] + 100, before[1] + 1)
+        assert counting_pool.acquired == 2
+    finally:
+        await db.execute("DELETE FROM waiting_prompts WHERE id = $1", request_id)

@@ -81,7 +81,9 @@ async def test_text_auth_workers_and_dry_run(client: Any, db: Any) -> None:
     assert r.status_code == 202
 
 
-async def test_text_allow_downgrade(client: Any, db: Any) -> None:
+async def test_text_allow_downgrade(make_client: Any, db: Any) -> None:
+    # The requests below must see the ones queued just before them (the competing-queue memo off).
+    client = await make_client(competing_queue_memo_seconds=0)
     model = unique_model()
     # Text limits of 4096: the queued requests below are ones it could take, so they compete.
     await add_chat_worker(db, model, speed=100, max_length=4096)

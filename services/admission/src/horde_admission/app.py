@@ -16,6 +16,7 @@ from horde_store.stores import open_stores
 
 from horde_admission import chat, horde_status, models, openapi, text, users
 from horde_admission.availability import AvailabilityMemo
+from horde_admission.creation import CompetingQueueMemo
 from horde_admission.images import ImageFetcher, ImageStore
 from horde_admission.ratelimit import RateLimiter
 from horde_admission.settings import AdmissionSettings
@@ -58,6 +59,7 @@ def create_app(settings: AdmissionSettings | None = None) -> FastAPI:
                 model_reference=model_reference,
                 availability_memo=AvailabilityMemo(settings.text_availability_memo_seconds),
                 queue_ahead_memo=QueueAheadMemo(stores.pool, settings.status_queue_memo_seconds),
+                competing_queue_memo=CompetingQueueMemo(stores.pool, settings.competing_queue_memo_seconds),
             )
             try:
                 yield

@@ -8,8 +8,10 @@ import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import horde_contract as contract
+from async_lru import alru_cache
 from horde_contract.errors import HordeError
 from horde_core import queue_announce
 from horde_core.metrics import record_kudos, size_bucket
@@ -29,6 +31,42 @@ def horde_tax(settings: AdmissionSettings, image_count: int = 0) -> float:
     return tax
 
 
+class CompetingQueueMemo:
+    """The competing queue (:func:`store.competing_queue`) by set of eligible workers, kept for ``memo_seconds``
+    (HORDE_COMPETING_QUEUE_MEMO_SECONDS, 1 s).
+
+    The statement sums every queued request one of the workers could take, so at the back of a long queue each
+    new request cost PostgreSQL a scan of the queue, for an estimate of the wait. async-lru's TTL cache:
+    concurrent creations with the same eligible workers share one statement, at most ``max_entries`` worker
+    sets are kept (least recently used first out), a failed read is not kept. ``memo_seconds`` 0 reads it
+    every time.
+    """
+
+    def __init__(self, pool: Any, memo_seconds: float, max_entries: int = 1024) -> None:
+        self.memo_seconds = memo_seconds
+
+        async def read(worker_ids: tuple[str, ...]) -> tuple[int, int]:
+            async with pool.acquire() as conn:
+                return await store.competing_queue(conn, list(worker_ids))
+
+        self._read = read
+        self._fetch = alru_cache(maxsize=max_entries, ttl=memo_seconds)(read)
+
+    async def get(self, worker_ids: list[str]) -> tuple[int, int]:
+        """``(tokens, jobs)`` queued that the workers ``worker_ids`` could take; ``(0, 0)`` without workers."""
+        if not worker_ids:
+            return 0, 0
+        if self.memo_seconds <= 0:
+            return await self.read(worker_ids)
+        return await self._fetch(tuple(sorted(worker_ids)))
+
+    async def read(self, worker_ids: list[str]) -> tuple[int, int]:
+        """``(tokens, jobs)`` read now, never from the memo."""
+        if not worker_ids:
+            return 0, 0
+        return await self._read(tuple(worker_ids))
+
+
 async def free_allowance(
     state: AdmissionState,
     models: list[str],
@@ -39,11 +77,13 @@ async def free_allowance(
     """The request's free output allowance from its estimated wait on the eligible workers
     (docs/native-api.md#free-output-allowance); the floor without eligible workers. Competing requests: the
     queued ones an eligible worker could take by its models, chat opt-in and length limits
-    (:func:`store.competing_queue`)."""
+    (:func:`store.competing_queue`), up to HORDE_COMPETING_QUEUE_MEMO_SECONDS old on the legacy text route."""
     wait: float | None = None
     if availability is not None and availability.eligible_threads > 0:
-        async with state.pool.acquire() as conn:
-            tokens, jobs = await store.competing_queue(conn, availability.eligible_worker_ids)
+        ids = availability.eligible_worker_ids
+        # The legacy text route reuses the sum as it reuses its availability; the chat routes read it fresh.
+        memo = state.competing_queue_memo
+        tokens, jobs = await (memo.read(ids) if chat else memo.get(ids))
         wait = kudos.estimated_wait_seconds(
             tokens, jobs, availability.eligible_threads, availability.tokens_per_second
         )

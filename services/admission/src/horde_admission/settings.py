@@ -52,6 +52,9 @@ class AdmissionSettings(HordeSettings):
     #: How long a status read reuses a request's queue position and the work ahead of it (an estimate that
     #: costs a count over the queue ahead). 0 reads it every time.
     status_queue_memo_seconds: float = 1.0
+    #: How long a new request's free allowance reuses the queued work its eligible workers could take (an
+    #: estimate of the wait that costs a sum over the queue). 0 reads it every time.
+    competing_queue_memo_seconds: float = 1.0
     #: Timeout of a SettlementService call made by the cancel route.
     settlement_timeout_seconds: float = 5.0
 

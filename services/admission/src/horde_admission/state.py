@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from redis.asyncio import Redis
 
     from horde_admission.availability import AvailabilityMemo
+    from horde_admission.creation import CompetingQueueMemo
     from horde_admission.images import ImageFetcher, ImageStore
     from horde_admission.ratelimit import RateLimiter
     from horde_admission.settings import AdmissionSettings
@@ -45,6 +46,8 @@ class AdmissionState:
     availability_memo: AvailabilityMemo
     #: Each request's queue position and the work ahead, for its status reads (HORDE_STATUS_QUEUE_MEMO_SECONDS).
     queue_ahead_memo: QueueAheadMemo
+    #: The free allowance's competing queue by eligible workers (HORDE_COMPETING_QUEUE_MEMO_SECONDS).
+    competing_queue_memo: CompetingQueueMemo
     #: Maintenance mode's cached read and the moderation filter (docs/native-api.md#operator-controls).
     operator_controls: OperatorControls = field(default_factory=OperatorControls)
 
