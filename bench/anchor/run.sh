@@ -25,9 +25,12 @@ user() {  # user FILE USERNAME ARGS...
 user .local/bench-req.json bench-req --kudos 50000000 --trusted --concurrency 100000
 user .local/bench-wrk.json bench-wrk --kudos 0 --trusted
 REQ=$(key .local/bench-req.json); WRK=$(key .local/bench-wrk.json)
+# The pop cells never submit: the janitor counts their lapsed jobs as dropped, and a worker that drops too many
+# within an hour is put into maintenance, which would refuse every later pop of the benchmark's workers.
 cat > .local/anchor-reset.sh <<RESET
 #!/usr/bin/env bash
-psql -q "$HORDE_DATABASE_URL" -c "DELETE FROM processing_gens" -c "DELETE FROM waiting_prompts" -c "VACUUM ANALYZE waiting_prompts"
+psql -q "$HORDE_DATABASE_URL" -c "DELETE FROM processing_gens" -c "DELETE FROM waiting_prompts" -c "VACUUM ANALYZE waiting_prompts" \
+  -c "UPDATE workers SET maintenance = false, maintenance_msg = NULL, aborted_jobs = 0 WHERE name LIKE 'bench-worker-%'"
 RESET
 chmod +x .local/anchor-reset.sh
 pid_on() { ss -Hltnp "sport = :$1" | sed -n 's/.*pid=\([0-9]*\).*/\1/p' | head -1; }
