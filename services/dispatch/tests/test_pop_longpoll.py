@@ -149,9 +149,9 @@ class CountingPop:
         self.calls = 0
         original = pop_module.pop_job
 
-        async def counted(conn: Any, pw: PopWorker) -> PoppedJob | None:
+        async def counted(conn: Any, pw: PopWorker, head: Any = None) -> PoppedJob | None:
             self.calls += 1
-            return await original(conn, pw)
+            return await original(conn, pw, head)
 
         monkeypatch.setattr(pop_module, "pop_job", counted)
 
@@ -353,7 +353,7 @@ async def test_a_job_queued_while_the_first_attempt_ran_is_caught_up(h: Harness,
     original = pop_module.pop_job
     queued: list[uuid.UUID] = []
 
-    async def first_attempt_misses(conn: Any, pw: PopWorker) -> PoppedJob | None:
+    async def first_attempt_misses(conn: Any, pw: PopWorker, head: Any = None) -> PoppedJob | None:
         if not queued:
             wp = await h.request(user_id=requester)
             queued.append(wp)
@@ -363,7 +363,7 @@ async def test_a_job_queued_while_the_first_attempt_ran_is_caught_up(h: Harness,
                 )
             )
             return None  # as if the statement's snapshot predated the commit
-        return await original(conn, pw)
+        return await original(conn, pw, head)
 
     monkeypatch.setattr(pop_module, "pop_job", first_attempt_misses)
     woken = counted(LONGPOLL_WAKES, "announcement", "job")

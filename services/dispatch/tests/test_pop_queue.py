@@ -14,7 +14,9 @@ import pytest
 import pytest_asyncio
 from horde_core.chat_stream import LeaseField, lease_key_check, stream_lease_key
 from horde_core.redis_keys import CHAT_SIGNAL_DB, redis_client, signal_client
+from horde_dispatch import queue
 from horde_dispatch.app import create_app
+from horde_store.db import connect
 from horde_store.users import hash_api_key
 from horde_testing.launcher import free_port
 
@@ -469,3 +471,130 @@ async def test_job_lease_setting_sets_ttl_job_ttl_and_lease_expiry(h: Harness, s
         await h.db.fetchval("SELECT job_ttl FROM processing_gens WHERE id = $1", uuid.UUID(r.json()["id"]))
         == 7
     )
+
+
+# The head variant of the pop statement (docs/operator-guide.md#latency-and-throughput).
+
+
+@pytest.fixture
+def ran(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """The pop statements built, in order: True for the head variant, False for the full statement."""
+    built: list[bool] = []
+    build = queue.build_pop_statement
+
+    def recording(w: queue.PopWorker, *, head: bool = False) -> tuple[str, list[Any]]:
+        built.append(head)
+        return build(w, head=head)
+
+    monkeypatch.setattr(queue, "build_pop_statement", recording)
+    return built
+
+
+async def queue_unfit(h: Harness, user_id: int, count: int, created: Any) -> None:
+    """``count`` queued text requests for a model no test worker serves, all created at ``created``."""
+    await h.db.execute(
+        """INSERT INTO waiting_prompts (user_id, is_chat, models, max_length, max_context_length, n, jobs,
+                                        params, prompt, extra_priority, created, active)
+           SELECT $1, false, ARRAY['other/unserved-model'], 100, 2048, 1, 1,
+                  '{"max_length": 100, "max_context_length": 2048}'::jsonb, 'x', 0, $2, true
+           FROM generate_series(1, $3)""",
+        user_id,
+        created,
+        count,
+    )
+
+
+async def test_head_variant_serves_the_front_of_the_queue(h: Harness, past: Any, ran: list[bool]) -> None:
+    requester, _ = await h.user()
+    _, key = await h.user()
+    first = await h.request(user_id=requester, created=past(20))
+    second = await h.request(user_id=requester, created=past(10))
+    body = h.chat_body("w-head")
+    assert await popped_wp(h, await h.pop(key, body)) == first
+    assert await popped_wp(h, await h.pop(key, body)) == second
+    assert ran == [True, True]
+    # An empty queue: the head variant finds nothing, and the full statement confirms it.
+    assert await popped_wp(h, await h.pop(key, body)) is None
+    assert ran == [True, True, True, False]
+
+
+async def test_a_request_behind_the_head_is_found_by_the_full_statement(
+    h: Harness, past: Any, ran: list[bool]
+) -> None:
+    requester, _ = await h.user()
+    _, key = await h.user()
+    await queue_unfit(h, requester, queue.HEAD_SCAN_ROWS + 44, past(60))
+    fitting = await h.request(user_id=requester, created=past(1))
+    assert await popped_wp(h, await h.pop(key, h.chat_body("w-deep"))) == fitting
+    assert ran == [True, False]
+    # One fewer unfit request ahead, and the head variant reaches the next one.
+    await h.db.execute(
+        "DELETE FROM waiting_prompts WHERE id IN (SELECT id FROM waiting_prompts WHERE user_id = $1"
+        " AND models = ARRAY['other/unserved-model'] LIMIT 45)",
+        requester,
+    )
+    near = await h.request(user_id=requester, created=past(1))
+    assert await popped_wp(h, await h.pop(key, h.chat_body("w-deep"))) == near
+    assert ran == [True, False, True]
+
+
+async def test_the_owners_request_comes_first_past_the_head(h: Harness, past: Any, ran: list[bool]) -> None:
+    requester, _ = await h.user()
+    owner, key = await h.user()
+    front = await h.request(user_id=requester, created=past(30))
+    own = await h.request(user_id=owner, extra_priority=-100, created=past(1))
+    body = h.chat_body("w-owner-head")
+    assert await popped_wp(h, await h.pop(key, body)) == own
+    assert ran == [True, False]
+    assert await popped_wp(h, await h.pop(key, body)) == front
+    assert ran == [True, False, True]
+
+
+async def test_head_candidates_all_locked_fall_back_to_the_full_statement(
+    h: Harness, past: Any, ran: list[bool]
+) -> None:
+    requester, _ = await h.user()
+    _, key = await h.user()
+    ids = [
+        await h.request(user_id=requester, created=past(100 - i)) for i in range(queue.HEAD_CANDIDATES + 1)
+    ]
+    other = await connect(h.settings.database_url)
+    try:
+        async with other.transaction():
+            # Other pops hold the first HEAD_CANDIDATES requests.
+            await other.execute(
+                "SELECT 1 FROM waiting_prompts WHERE id = ANY($1::uuid[]) FOR UPDATE", ids[:-1]
+            )
+            assert await popped_wp(h, await h.pop(key, h.chat_body("w-locked"))) == ids[-1]
+            assert ran == [True, False]
+    finally:
+        await other.close()
+
+
+async def test_head_connections_plan_generically_and_can_be_turned_off(
+    h: Harness, dispatch_settings: Any, ran: list[bool]
+) -> None:
+    head = h.app.state.dispatch.head
+    assert head is not None
+    row = await head.fetchrow("SELECT current_setting('plan_cache_mode') AS mode", [])
+    assert row is not None and row["mode"] == "force_generic_plan"
+    # The main pool plans as PostgreSQL's default does (the full statement's generic plan is a disaster).
+    async with h.app.state.dispatch.pool.acquire() as conn:
+        assert await conn.fetchval("SELECT current_setting('plan_cache_mode')") == "auto"
+    requester, _ = await h.user()
+    _, key = await h.user()
+    for update in ({"pop_head_pool_size": 0}, {"database_statement_cache_size": 0}):
+        settings = dispatch_settings.model_copy(
+            update={**update, "dispatch_grpc_enabled": False, "dispatch_grpc_port": free_port()}
+        )
+        app = create_app(settings)
+        async with app.router.lifespan_context(app):
+            assert app.state.dispatch.head is None
+            wp = await h.request(user_id=requester)
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://dispatch") as client:
+                r = await client.post(
+                    "/api/v2/generate/text/pop", json=h.chat_body("w-no-head"), headers={"apikey": key}
+                )
+            assert await popped_wp(h, r) == wp
+    assert ran == [False, False]

@@ -20,6 +20,7 @@ from . import openapi, pop, worker_routes
 from .grpc_server import start_worker_pool_server
 from .longpoll import AnnouncementSubscriber, LongPoll, on_shutdown_signal
 from .payload import ObjectStore
+from .queue import HeadPool
 from .queue_depth import refresh_queue_depth
 from .settings import DispatchSettings
 from .state import DispatchState
@@ -32,7 +33,8 @@ log = logging.getLogger(__name__)
 def create_app(settings: DispatchSettings | None = None) -> FastAPI:
     """Build the dispatch app (``settings`` None: read from the environment).
 
-    The lifespan opens the stores (pool, a Redis client on the chat signal database, S3), puts the
+    The lifespan opens the stores (pool, a Redis client on the chat signal database, S3) and the pop
+    statement's head variant connections (HORDE_POP_HEAD_POOL_SIZE), puts the
     :class:`DispatchState` on ``app.state.dispatch``, starts the queue announcement subscriber of the long-poll
     pop, the queue depth reader (horde_dispatch.queue_depth) and the WorkerPool gRPC server on
     ``settings.dispatch_grpc_port`` unless ``dispatch_grpc_enabled`` is false. Waiting pops are released
@@ -49,6 +51,13 @@ def create_app(settings: DispatchSettings | None = None) -> FastAPI:
             objects = ObjectStore(stores.s3, settings.s3_image_bucket, settings.messages_bucket)
             longpoll = LongPoll(settings.pop_wait_recheck_seconds)
             subscriber = AnnouncementSubscriber(stores.signals, longpoll)
+            head = (
+                await HeadPool.open(
+                    settings.database_url, settings.pop_head_pool_size, settings.database_statement_cache_size
+                )
+                if settings.pop_head_pool_size > 0 and settings.database_statement_cache_size > 0
+                else None
+            )
             state = DispatchState(
                 settings=settings,
                 pool=stores.pool,
@@ -56,6 +65,7 @@ def create_app(settings: DispatchSettings | None = None) -> FastAPI:
                 objects=objects,
                 longpoll=longpoll,
                 announcements=subscriber,
+                head=head,
                 model_reference=model_reference,
             )
             app.state.dispatch = state
@@ -80,6 +90,8 @@ def create_app(settings: DispatchSettings | None = None) -> FastAPI:
                 await stop_task(depth_task)
                 if grpc_server is not None:
                     await grpc_server.stop(settings.shutdown_grace_seconds)
+                if head is not None:
+                    await head.close()
 
     app = create_base_app(SERVICE, lifespan=lifespan, settings=settings)
     include_native(app, pop.router)

@@ -179,7 +179,7 @@ async def pop_text_job(
         uptime = UptimeRule(state.model_reference, settings.worker_uptime_reward_seconds)
         worker = await check_in(conn, owner.id, pop, ipaddr, uptime)
         pw = _pop_worker(pop, owner, worker, settings.text_job_lease_seconds)
-        job = await pop_job(conn, pw)
+        job = await pop_job(conn, pw, state.head)
         if job is None:
             if worker.maintenance:
                 raise HordeError(
@@ -219,7 +219,7 @@ async def pop_text_job(
                     if now["trusted"]
                     else UNTRUSTED_TEXT_JOB_LEASE_CAP_SECONDS,
                 )
-                found = await pop_job(conn, pw)
+                found = await pop_job(conn, pw, state.head)
             if found is None and now["maintenance"]:
                 raise HordeError(
                     403, RC.WorkerMaintenance, now["maintenance_msg"] or DEFAULT_MAINTENANCE_MESSAGE

@@ -23,6 +23,10 @@ class DispatchSettings(HordeSettings):
     (docs/native-api.md#uptime-kudos); tests shorten it.
     ``queue_depth_refresh_seconds`` (HORDE_QUEUE_DEPTH_REFRESH_SECONDS, 15 s): how often this process reads the
     queue depth into ``horde_text_queue_jobs`` (horde_dispatch.queue_depth; 0 turns the reads off).
+    ``pop_head_pool_size`` (HORDE_POP_HEAD_POOL_SIZE, 4): connections this process keeps for the pop
+    statement's head variant (horde_dispatch.queue.HeadPool), beside the main pool; 0 turns the variant off,
+    and so does HORDE_DATABASE_STATEMENT_CACHE_SIZE=0 (behind PgBouncer in transaction mode a session setting
+    and a prepared plan would not stay with the connection).
     """
 
     dispatch_grpc_enabled: bool = True
@@ -31,3 +35,4 @@ class DispatchSettings(HordeSettings):
     pop_wait_max_seconds: float = Field(default=MAX_POP_WAIT_SECONDS, ge=0, le=MAX_POP_WAIT_SECONDS)
     worker_uptime_reward_seconds: int = Field(default=UPTIME_REWARD_SECONDS, ge=1)
     queue_depth_refresh_seconds: float = Field(default=15.0, ge=0)
+    pop_head_pool_size: int = Field(default=4, ge=0)

@@ -11,6 +11,7 @@ from redis.asyncio import Redis
 
 from .longpoll import AnnouncementSubscriber, LongPoll
 from .payload import ObjectStore
+from .queue import HeadPool
 from .settings import DispatchSettings
 
 
@@ -19,7 +20,8 @@ class DispatchState:
     """``pool`` (PostgreSQL), ``signals`` (Redis on the chat signal db, for stream leases; None when Redis is
     not configured), ``objects`` (S3 for chat images and offloaded messages), ``longpoll`` (the waiting
     pops and their wake-ups; None: every pop answers at once, as with ``wait_seconds`` 0),
-    ``announcements`` (the subscriber feeding it) and ``model_reference`` (HORDE_TEXT_MODEL_REFERENCE, read at
+    ``announcements`` (the subscriber feeding it), ``head`` (the pop statement's head variant connections;
+    None: every pop runs the full statement) and ``model_reference`` (HORDE_TEXT_MODEL_REFERENCE, read at
     start: the uptime reward's model size)."""
 
     settings: DispatchSettings
@@ -28,6 +30,7 @@ class DispatchState:
     objects: ObjectStore | None
     longpoll: LongPoll | None = None
     announcements: AnnouncementSubscriber | None = None
+    head: HeadPool | None = None
     model_reference: TextModelReference = field(default_factory=TextModelReference)
 
 
