@@ -4,6 +4,7 @@ docs/native-api.md#job-lease, #chat-job-payload, docs/native-api.md#images, #pro
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import uuid
 from collections.abc import AsyncIterator
@@ -598,3 +599,16 @@ async def test_head_connections_plan_generically_and_can_be_turned_off(
                 )
             assert await popped_wp(h, r) == wp
     assert ran == [False, False]
+
+
+async def test_concurrent_pops_hand_out_each_request_once(h: Harness, past: Any) -> None:
+    """Many pops at once, on the head variant and the full statement alike: every request goes to one worker."""
+    requester, _ = await h.user()
+    _, key = await h.user(trusted=True)  # eight workers: an untrusted owner may have three
+    queued = {await h.request(user_id=requester, created=past(200 - i)) for i in range(24)}
+    pops = [h.pop(key, h.chat_body(f"w-race-{i % 8}")) for i in range(40)]  # under the 60/s pop limit
+    popped = [await popped_wp(h, r) for r in await asyncio.gather(*pops)]
+    taken = [wp for wp in popped if wp is not None]
+    assert sorted(map(str, taken)) == sorted(map(str, queued))
+    assert await h.db.fetchval("SELECT count(*) FROM processing_gens") == 24
+    assert await h.db.fetchval("SELECT sum(n) FROM waiting_prompts") == 0
